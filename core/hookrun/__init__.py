@@ -1,0 +1,45 @@
+"""hookrun: a PyTorch training runner whose hook points are pluggy hookspecs.
+
+Attributes are imported on first use so that ``hookrun plugins list`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Runner": "hookrun.runner",
+    "Plugin": "hookrun.plugin",
+    "PluginSettings": "hookrun.plugin",
+    "Priority": "hookrun.plugin",
+    "hookimpl": "hookrun.plugin",
+    "Writer": "hookrun.writers",
+    "ScalarStore": "hookrun.scalars",
+    "rank_zero_only": "hookrun.dist",
+    "HookrunError": "hookrun.errors",
+    "ConfigError": "hookrun.errors",
+    "PluginError": "hookrun.errors",
+    "CheckpointError": "hookrun.errors",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+if TYPE_CHECKING:
+    from hookrun.dist import rank_zero_only
+    from hookrun.errors import CheckpointError, ConfigError, HookrunError, PluginError
+    from hookrun.plugin import Plugin, PluginSettings, Priority, hookimpl
+    from hookrun.runner import Runner
+    from hookrun.scalars import ScalarStore
+    from hookrun.writers import Writer
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hookrun' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,187 @@
+"""Data loading that can stop and resume at any batch, exactly.
+
+Each epoch's sample order is a function of (seed, epoch) only, and each batch's random
+augmentation in a worker process is seeded from (seed, epoch, batch index). A run resumed
+at batch ``k`` skips the first ``k`` batches at the index level, so no sample is loaded
+twice and the remaining batches equal those of a run never interrupted, for any
+``num_workers``. With ``num_workers=0`` augmentation draws from the main process's RNG,
+which the checkpoint restores.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, get_worker_info
+
+_MASK = (1 << 63) - 1
+
+
+def mix_seed(*parts: int) -> int:
+    """A well-spread 63-bit seed from integers (splitmix64 steps)."""
+    value = 0x9E3779B97F4A7C15
+    for part in parts:
+        value = (value ^ (int(part) & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        value = (value ^ (value >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return (value ^ (value >> 29)) & _MASK
+
+
+def seed_all(seed: int) -> None:
+    """Seed python, torch and (when loaded) numpy global generators."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed % (1 << 32))
+
+
+class SeededBatch(list):  # type: ignore[type-arg]
+    """A batch of dataset indices carrying the seed for its augmentation."""
+
+    def __init__(self, indices: Iterable[int], seed: int) -> None:
+        super().__init__(indices)
+        self.seed = seed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SeededBatch, (list(self), self.seed))
+
+
+class SeededDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Fetches a batch after seeding the worker's generators from the batch's seed."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        if isinstance(indices, SeededBatch) and get_worker_info() is not None:
+            seed_all(indices.seed)
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems is not None:
+            return list(getitems(list(indices)))
+        return [self.dataset[i] for i in indices]
+
+
+class EpochBatches(Sampler[list[int]]):
+    """The batches of one epoch, fixed by (seed, epoch), starting after ``skip`` batches.
+
+    Samplers with a ``generator`` attribute (``RandomSampler``, ``WeightedRandomSampler``,
+    ``SubsetRandomSampler``) get one seeded from (seed, epoch); samplers with ``set_epoch``
+    (``DistributedSampler``) are told the epoch.
+    """
+
+    def __init__(self, batch_sampler: Iterable[list[int]], seed: int) -> None:
+        self.batch_sampler = batch_sampler
+        self.seed = seed
+        self.epoch = 0
+        self.skip = 0
+
+    def __len__(self) -> int:
+        return max(0, len(self.batch_sampler) - self.skip)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for obj in (getattr(self.batch_sampler, "sampler", None), self.batch_sampler):
+            if obj is None:
+                continue
+            if hasattr(obj, "generator"):
+                obj.generator = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
+            if hasattr(obj, "set_epoch"):
+                obj.set_epoch(self.epoch)
+        batches = itertools.islice(iter(self.batch_sampler), self.skip, None)
+        for number, indices in enumerate(batches, start=self.skip):
+            yield SeededBatch(indices, mix_seed(self.seed, self.epoch, number))
+
+
+class ResumableLoader:
+    """A ``DataLoader`` rebuilt so that any epoch can start at any batch."""
+
+    def __init__(self, loader: DataLoader, seed: int, sampler: Sampler | None = None) -> None:  # type: ignore[type-arg]
+        self.original = loader
+        batch_sampler = loader.batch_sampler
+        if sampler is not None:
+            assert loader.batch_size is not None
+            batch_sampler = BatchSampler(sampler, loader.batch_size, loader.drop_last)
+        assert batch_sampler is not None
+        self.batches = EpochBatches(batch_sampler, seed)
+        workers = loader.num_workers
+        self.loader = DataLoader(
+            SeededDataset(loader.dataset),
+            batch_sampler=self.batches,
+            num_workers=workers,
+            collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory,
+            timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context,
+            generator=torch.Generator().manual_seed(mix_seed(seed, -1)),
+            prefetch_factor=loader.prefetch_factor if workers > 0 else None,
+            persistent_workers=loader.persistent_workers,
+            pin_memory_device=loader.pin_memory_device,
+            in_order=getattr(loader, "in_order", True),
+        )
+
+    @property
+    def dataset(self) -> Any:
+        return self.original.dataset
+
+    def __len__(self) -> int:
+        return len(self.batches.batch_sampler)  # type: ignore[arg-type]
+
+    def epoch_iter(self, epoch: int, skip: int = 0) -> Iterator[Any]:
+        self.batches.epoch = epoch
+        self.batches.skip = skip
+        return iter(self.loader)
+
+
+class PlainLoader:
+    """Any other re-iterable of batches; resuming mid-epoch skips by iterating past batches."""
+
+    def __init__(self, iterable: Iterable[Any]) -> None:
+        self.original = iterable
+        self.dataset = getattr(iterable, "dataset", None)
+
+    def __len__(self) -> int:
+        return len(self.original)  # type: ignore[arg-type]
+
+    def epoch_iter(self, epoch: int, skip: int = 0) -> Iterator[Any]:
+        if hasattr(self.original, "set_epoch"):
+            self.original.set_epoch(epoch)
+        return itertools.islice(iter(self.original), skip, None)
+
+
+def make_loader(
+    loader: Any, seed: int, sampler: Sampler | None = None  # type: ignore[type-arg]
+) -> ResumableLoader | PlainLoader | None:
+    """Wrap what the user passed; map-style ``DataLoader``s get exact resume."""
+    if loader is None:
+        return None
+    if (
+        isinstance(loader, DataLoader)
+        and loader.batch_size is not None
+        and not isinstance(loader.dataset, IterableDataset)
+    ):
+        return ResumableLoader(loader, seed, sampler)
+    return PlainLoader(loader)
+
+
+class ShardSampler(Sampler[int]):
+    """Every ``world_size``-th index from ``rank``, without padding: evaluation under
+    torch.distributed sees each sample exactly once, so metrics are not biased."""
+
+    def __init__(self, length: int, rank: int, world_size: int) -> None:
+        self.indices = list(range(rank, length, world_size))
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)

@@ -1,0 +1,78 @@
+"""Find installed plugins and writers from entry-point metadata, importing none of them.
+
+Kept free of torch, pydantic and pluggy so that ``hookrun plugins list`` starts fast.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+
+PLUGIN_GROUP = "hookrun.plugins"
+WRITER_GROUP = "hookrun.writers"
+
+
+@dataclass(frozen=True)
+class EntryPointInfo:
+    """One entry point with the distribution that declares it."""
+
+    name: str
+    distribution: str
+    version: str
+    value: str
+    entry_point: EntryPoint
+
+    def as_row(self) -> dict[str, str]:
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "entry_point": self.value,
+        }
+
+
+def installed(group: str) -> dict[str, EntryPointInfo]:
+    """Entry points of ``group`` by name, sorted; the first distribution wins a name clash."""
+    found: dict[str, EntryPointInfo] = {}
+    for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+        dist = ep.dist
+        info = EntryPointInfo(
+            name=ep.name,
+            distribution=dist.metadata["Name"] if dist is not None else "?",
+            version=dist.version if dist is not None else "?",
+            value=ep.value,
+            entry_point=ep,
+        )
+        found.setdefault(ep.name, info)
+    return found
+
+
+def installed_plugins() -> dict[str, EntryPointInfo]:
+    return installed(PLUGIN_GROUP)
+
+
+def blocked_plugins() -> set[str]:
+    """Names in ``HOOKRUN_DISABLE_PLUGINS`` (comma-separated): never imported."""
+    raw = os.environ.get("HOOKRUN_DISABLE_PLUGINS", "")
+    return {name.strip() for name in raw.split(",") if name.strip()}
+
+
+def autoload_enabled() -> bool:
+    """False when ``HOOKRUN_PLUGINS_AUTOLOAD=0``: only plugins the config names load."""
+    return os.environ.get("HOOKRUN_PLUGINS_AUTOLOAD", "1").strip().lower() not in {"0", "false", "no"}
+
+
+def did_you_mean(name: str, choices: Iterable[object]) -> str:
+    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(name, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_plugin_message(name: str, where: str, known: Iterable[object]) -> str:
+    """The one-line error for a plugin name nobody installed."""
+    hint = did_you_mean(name, known)
+    dist = "hookrun-" + name.replace("_", "-")
+    return f"{where}: unknown plugin {name!r}{hint}; if it is a package, `pip install {dist}`"

@@ -1,0 +1,63 @@
+"""What a plugin is: a class with settings, a priority and ``@hookimpl`` methods."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any, ClassVar
+
+import pluggy
+from pydantic import BaseModel, ConfigDict
+
+hookimpl = pluggy.HookimplMarker("hookrun")
+
+
+class Priority(IntEnum):
+    """Where a plugin runs at every hook point: lower runs first; any int 0-100 works too."""
+
+    HIGHEST = 0
+    VERY_HIGH = 10
+    HIGH = 30
+    ABOVE_NORMAL = 40
+    NORMAL = 50
+    BELOW_NORMAL = 60
+    LOW = 70
+    VERY_LOW = 90
+    LOWEST = 100
+
+
+class PluginSettings(BaseModel):
+    """Base of every plugin's settings: unknown keys are errors and settings never change."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Plugin:
+    """Base class of installable plugins; subclasses set ``name``, ``Settings`` and hooks.
+
+    ``state_dict()`` / ``load_state_dict()`` are optional: when defined, the state is stored
+    under ``checkpoint["plugins"][name]`` and given back on resume.
+    """
+
+    name: ClassVar[str] = ""
+    Settings: ClassVar[type[PluginSettings]] = PluginSettings
+    priority: int = Priority.NORMAL
+    enabled_by_default: ClassVar[bool] = True
+
+    def __init__(self, settings: PluginSettings | None = None) -> None:
+        self.settings: Any = settings if settings is not None else self.Settings()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} priority={int(self.priority)}>"
+
+
+def parse_priority(value: Any, where: str) -> int:
+    """Turn a ``priority:`` value (a Priority name or an int 0-100) into an int."""
+    if isinstance(value, str):
+        try:
+            return int(Priority[value.upper()])
+        except KeyError:
+            names = ", ".join(p.name for p in Priority)
+            raise ValueError(f"{where}: unknown priority {value!r} (use 0-100 or {names})") from None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+        raise ValueError(f"{where}: priority must be an int 0-100 or a name (got {value!r})")
+    return int(value)

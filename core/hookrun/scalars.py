@@ -1,0 +1,80 @@
+"""Scalars recorded during training, kept on device until a logging interval reads them."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+
+class ScalarStore:
+    """The latest value and a bounded history per name; values may be device tensors.
+
+    ``put`` never synchronises with the device. ``read`` moves everything asked for to the
+    host in one transfer per device, so a logger pays one sync per interval.
+    """
+
+    def __init__(self, window: int = 100) -> None:
+        self.window = window
+        self._latest: dict[str, Any] = {}
+        self._history: dict[str, deque[Any]] = {}
+
+    def put(self, name: str, value: Any) -> None:
+        self._latest[name] = value
+        history = self._history.get(name)
+        if history is None:
+            history = self._history[name] = deque(maxlen=self.window)
+        history.append(value)
+
+    def update(self, values: Mapping[str, Any], prefix: str = "") -> None:
+        for name, value in values.items():
+            self.put(prefix + name, value)
+
+    def names(self) -> list[str]:
+        return list(self._latest)
+
+    def latest(self, names: Iterable[str] | None = None) -> dict[str, float]:
+        """Latest values as floats (one batched transfer)."""
+        keys = list(self._latest) if names is None else [n for n in names if n in self._latest]
+        return dict(zip(keys, to_floats([self._latest[k] for k in keys]), strict=True))
+
+    def mean(self, names: Iterable[str] | None = None, window: int | None = None) -> dict[str, float]:
+        """Mean of the last ``window`` values of each name (one batched transfer)."""
+        keys = list(self._history) if names is None else [n for n in names if n in self._history]
+        flat: list[Any] = []
+        counts = []
+        for key in keys:
+            values = list(self._history[key])[-(window or self.window) :]
+            flat.extend(values)
+            counts.append(len(values))
+        floats = to_floats(flat)
+        out, start = {}, 0
+        for key, count in zip(keys, counts, strict=True):
+            out[key] = sum(floats[start : start + count]) / count
+            start += count
+        return out
+
+    def history(self, name: str) -> list[Any]:
+        return list(self._history.get(name, ()))
+
+    def clear(self) -> None:
+        self._latest.clear()
+        self._history.clear()
+
+
+def to_floats(values: list[Any]) -> list[float]:
+    """Floats for a mixed list of numbers and tensors, with one host transfer per device."""
+    out: list[float] = [0.0] * len(values)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, value in enumerate(values):
+        if isinstance(value, torch.Tensor):
+            by_device.setdefault(value.device, []).append(i)
+        else:
+            out[i] = float(value)
+    for indices in by_device.values():
+        stacked = torch.stack([values[i].detach().reshape(()).to(torch.float64) for i in indices])
+        for i, v in zip(indices, stacked.tolist(), strict=True):
+            out[i] = v
+    return out

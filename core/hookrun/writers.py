@@ -1,0 +1,145 @@
+"""Where scalars, images and the run's config go: the ``Writer`` interface and built-ins.
+
+More writers come from the ``hookrun.writers`` entry-point group; built-ins are declared
+there too, so third-party writers are found exactly the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookrun.discovery import WRITER_GROUP, did_you_mean, installed
+from hookrun.errors import ConfigError
+
+
+class Writer:
+    """Base class of writers; constructed as ``Writer(work_dir, **options)`` on rank 0."""
+
+    def __init__(self, work_dir: str | Path, **options: Any) -> None:
+        self.work_dir = Path(work_dir)
+
+    def write_scalar(self, name: str, value: float, step: int) -> None:
+        self.write_scalars({name: value}, step)
+
+    def write_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        raise NotImplementedError
+
+    def write_image(self, name: str, image: Any, step: int) -> None:
+        """Default: ignore images (a text log has nowhere to put them)."""
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        """Default: ignore the config."""
+
+    def flush(self) -> None:
+        """Default: nothing buffered."""
+
+    def close(self) -> None:
+        self.flush()
+
+
+class JsonlWriter(Writer):
+    """One JSON object per line in ``<work_dir>/log.jsonl``: the machine-readable log."""
+
+    def __init__(self, work_dir: str | Path, filename: str = "log.jsonl") -> None:
+        super().__init__(work_dir)
+        self.path = self.work_dir / filename
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def write_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        record = {"step": step, "time": round(time.time(), 3)}
+        record.update({k: _json_number(v) for k, v in scalars.items()})
+        self._write(record)
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        self._write({"config": config, "time": round(time.time(), 3)})
+
+    def write_record(self, record: Mapping[str, Any]) -> None:
+        """Any other JSON record (tables, summaries)."""
+        self._write(dict(record))
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, default=str) + "\n")
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+
+class TensorBoardWriter(Writer):
+    """TensorBoard event files in ``<work_dir>/tensorboard`` through tensorboardX.
+
+    The queue is large so logging never blocks training; ``close()`` drains it (``flush()``
+    alone does not, see FACTS).
+    """
+
+    def __init__(
+        self, work_dir: str | Path, subdir: str = "tensorboard", max_queue: int = 1000,
+        flush_secs: int = 30,
+    ) -> None:
+        super().__init__(work_dir)
+        from tensorboardX import SummaryWriter
+
+        self.log_dir = self.work_dir / subdir
+        self._writer = SummaryWriter(str(self.log_dir), max_queue=max_queue, flush_secs=flush_secs)
+
+    def write_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        for name, value in scalars.items():
+            self._writer.add_scalar(name, float(value), step)
+
+    def write_image(self, name: str, image: Any, step: int) -> None:
+        """``image``: CHW float in [0, 1] (clamped, see FACTS) or uint8."""
+        tensor = torch.as_tensor(image).detach().cpu()
+        if tensor.dtype != torch.uint8:
+            tensor = (tensor.float().clamp(0, 1) * 255).round().to(torch.uint8)
+        self._writer.add_image(name, tensor.numpy(), step)
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        text = "```yaml\n" + json.dumps(config, indent=2, default=str) + "\n```"
+        self._writer.add_text("config", text, 0)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+BUILTIN_WRITERS: dict[str, type[Writer]] = {"jsonl": JsonlWriter, "tensorboard": TensorBoardWriter}
+
+
+def make_writers(spec: Any, work_dir: Path) -> list[Writer]:
+    """Writers from names, ``{name: options}`` mappings or ready ``Writer`` instances."""
+    if spec is None:
+        return []
+    items = list(spec.items()) if isinstance(spec, Mapping) else [(s, {}) for s in spec]
+    writers: list[Writer] = []
+    available = None
+    for name, options in items:
+        if isinstance(name, Writer):
+            writers.append(name)
+            continue
+        cls = BUILTIN_WRITERS.get(name)
+        if cls is None:
+            available = available or installed(WRITER_GROUP)
+            if name not in available:
+                known = set(BUILTIN_WRITERS) | set(available)
+                raise ConfigError(f"writers.{name}: unknown writer{did_you_mean(name, known)}")
+            cls = available[name].entry_point.load()
+        writers.append(cls(work_dir, **(options or {})))
+    return writers
+
+
+def _json_number(value: float) -> float | str:
+    value = float(value)
+    return value if math.isfinite(value) else str(value)
