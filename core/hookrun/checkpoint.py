@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from hookrun.errors import CheckpointError
+
 FORMAT = "hookrun/1"
 
 
@@ -39,6 +41,21 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
         raise
     fsync_dir(path.parent)
     return path
+
+
+def write(state: dict[str, Any], path: str | Path) -> Path:
+    """Check that ``state`` will load with ``weights_only=True``, then write it atomically.
+
+    Failures raise :class:`CheckpointError` naming the file; the previous file is intact.
+    """
+    path = Path(path)
+    problem = unsafe_value(state)
+    if problem:
+        raise CheckpointError(f"cannot save {path}: {problem}")
+    try:
+        return atomic_save(state, path)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from exc
 
 
 def atomic_write_text(text: str, path: str | Path) -> None:

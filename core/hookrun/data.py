@@ -89,16 +89,17 @@ class EpochBatches(Sampler[list[int]]):
         return max(0, len(self.batch_sampler) - self.skip)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[list[int]]:
+        epoch, skip = self.epoch, self.skip
         for obj in (getattr(self.batch_sampler, "sampler", None), self.batch_sampler):
             if obj is None:
                 continue
             if hasattr(obj, "generator"):
-                obj.generator = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
+                obj.generator = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
             if hasattr(obj, "set_epoch"):
-                obj.set_epoch(self.epoch)
-        batches = itertools.islice(iter(self.batch_sampler), self.skip, None)
-        for number, indices in enumerate(batches, start=self.skip):
-            yield SeededBatch(indices, mix_seed(self.seed, self.epoch, number))
+                obj.set_epoch(epoch)
+        batches = itertools.islice(iter(self.batch_sampler), skip, None)
+        for number, indices in enumerate(batches, start=skip):
+            yield SeededBatch(indices, mix_seed(self.seed, epoch, number))
 
 
 class ResumableLoader:

@@ -217,7 +217,7 @@ class Runner:
         path = Path(path)
         state = self.checkpoint_state(save_optimizer)
         if self.is_main:
-            write_checkpoint(state, path)
+            ckpt_io.write(state, path)
         dist.barrier()
         return path
 
@@ -475,17 +475,6 @@ class Runner:
         if self.world_size == 1 or not isinstance(loader, torch.utils.data.DataLoader):
             return None
         return ShardSampler(len(loader.dataset), self.rank, self.world_size)  # type: ignore[arg-type]
-
-
-def write_checkpoint(state: dict[str, Any], path: Path) -> Path:
-    """Check that ``state`` loads with ``weights_only=True``, then write it atomically."""
-    problem = ckpt_io.unsafe_value(state)
-    if problem:
-        raise CheckpointError(f"cannot save {path}: {problem}")
-    try:
-        return ckpt_io.atomic_save(state, path)
-    except OSError as exc:
-        raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from exc
 
 
 def _reduce_means(sums: dict[str, torch.Tensor], count: torch.Tensor) -> dict[str, float]:

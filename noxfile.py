@@ -1,0 +1,98 @@
+"""Every developer task. Each environment installs with constraints.txt (torch==2.13.0)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+ROOT = Path(__file__).parent
+CONSTRAINTS = ["-c", str(ROOT / "constraints.txt")]
+PLUGINS = sorted(p for p in (ROOT / "plugins").glob("hookrun-*") if (p / "pyproject.toml").exists())
+TEST_DEPS = ["pytest>=8", "scikit-learn", "tensorboard", "numpy"]
+
+
+def install_project(session: nox.Session, *extra: str) -> None:
+    """hookrun and every built-in plugin, editable, with the pinned torch."""
+    editables = ["-e", "."]
+    for plugin in PLUGINS:
+        editables += ["-e", str(plugin)]
+    session.install(*CONSTRAINTS, *editables, *TEST_DEPS, *extra)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole test suite: core, CLI, cross-plugin and every plugin's own tests."""
+    install_project(session)
+    paths = ["tests", *(str(p / "tests") for p in PLUGINS if (p / "tests").exists())]
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *paths, *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy on the core package."""
+    session.install(*CONSTRAINTS, "-e", ".", "mypy", "types-PyYAML")
+    session.run("mypy", "core/hookrun")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site with --strict."""
+    install_project(session, "mkdocs-material")
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(ROOT / "site"))
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Train the digits job with all five plugins (the README's first command)."""
+    install_project(session)
+    work_dir = session.posargs[0] if session.posargs else "runs/digits"
+    session.run("hookrun", "train", "examples/digits/config.yaml", "--work-dir", work_dir)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Every benchmark, hookrun against hand-written loops and the peers."""
+    install_project(session, "mmengine", "lightning", "pytorch-ignite", "timm")
+    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+        session.run("python", str(script), *session.posargs)
+
+
+@nox.session
+def plugins(session: nox.Session) -> None:
+    """Each plugin built, installed alone with hookrun in a fresh env, listed and tested."""
+    session.install("build")
+    dist_dir = Path(session.create_tmp()) / "dist"
+    session.run("python", "-m", "build", "--outdir", str(dist_dir), ".")
+    core_wheel = next(dist_dir.glob("hookrun-*.whl"))
+    for plugin in PLUGINS:
+        out = dist_dir / plugin.name
+        session.run("python", "-m", "build", "--outdir", str(out), str(plugin))
+        wheel = next(out.glob("*.whl"))
+        venv = Path(session.create_tmp()) / f"venv-{plugin.name}"
+        session.run("python", "-m", "venv", "--clear", str(venv), external=True)
+        py = str(venv / "bin" / "python")
+        session.run(py, "-m", "pip", "install", "-q", *CONSTRAINTS, str(core_wheel), str(wheel),
+                    *TEST_DEPS, external=True)
+        listed = session.run(py, "-m", "hookrun", "plugins", "list", "--json", silent=True,
+                             external=True)
+        names = [row["name"] for row in json.loads(str(listed))]
+        expected = plugin.name.removeprefix("hookrun-").replace("-", "_")
+        if names != [expected]:
+            session.error(f"{plugin.name}: plugins list shows {names}, expected [{expected!r}]")
+        env = {"HOOKRUN_ISOLATED": "1", "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+        session.run(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(plugin / "tests"),
+                    env=env, external=True)
