@@ -60,7 +60,7 @@ class HookCaller:
         start = time.perf_counter()
         try:
             if self.fallback is not None:
-                return list(self.fallback(**kwargs))
+                return list(self.fallback(**kwargs) or ())
             if stats.profile:
                 return self._call_profiled(kwargs)
             results = []

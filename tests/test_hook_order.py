@@ -1,0 +1,163 @@
+"""The call order of DESIGN §3, recorded from a real run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import toy_data, toy_runner_kwargs
+
+from hookrun import Runner, hookimpl
+from hookrun.manager import hook_points
+
+RECORDED = [h for h in hook_points() if h != "extra_models"]
+
+
+class Recorder:
+    """An ad-hoc hook object with every hook point, recording (hook, epoch, iter)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+
+
+def _make(hook: str):
+    def method(self, runner):
+        self.calls.append((hook, runner.epoch, runner.iter))
+
+    method.__name__ = hook
+    return hookimpl(method)
+
+
+for _hook in RECORDED:
+    setattr(Recorder, _hook, _make(_hook))
+
+
+def names(recorder: Recorder) -> list[str]:
+    return [c[0] for c in recorder.calls]
+
+
+def expected_epoch_run(epochs: int, batches: int, val_batches: int) -> list[str]:
+    seq = ["before_run", "before_train"]
+    for _ in range(epochs):
+        seq.append("before_train_epoch")
+        for _ in range(batches):
+            seq += ["before_train_iter", "after_train_iter"]
+        seq += ["after_train_epoch", "before_val", "before_val_epoch"]
+        for _ in range(val_batches):
+            seq += ["before_val_iter", "after_val_iter"]
+        seq += ["after_val_epoch", "after_val"]
+    return seq + ["after_train", "after_run"]
+
+
+def test_two_epochs_three_batches_two_val_batches(tmp_path):
+    rec = Recorder()
+    Runner(**toy_runner_kwargs(tmp_path, hooks=[rec])).train()
+    assert names(rec) == expected_epoch_run(2, 3, 2)
+
+
+def test_counters_advance_after_the_after_hooks(tmp_path):
+    rec = Recorder()
+    Runner(**toy_runner_kwargs(tmp_path, hooks=[rec])).train()
+    iters = [(e, i) for h, e, i in rec.calls if h == "after_train_iter"]
+    assert iters == [(0, 0), (0, 1), (0, 2), (1, 3), (1, 4), (1, 5)]
+    epochs = [(e, i) for h, e, i in rec.calls if h == "after_train_epoch"]
+    assert epochs == [(0, 3), (1, 6)]
+
+
+def test_val_interval_and_last_epoch(tmp_path):
+    rec = Recorder()
+    Runner(**toy_runner_kwargs(tmp_path, hooks=[rec], max_epochs=5, val_interval=2)).train()
+    val_epochs = [e for h, e, _ in rec.calls if h == "after_val_epoch"]
+    assert val_epochs == [2, 4, 5]  # completed-epoch counts: after epochs 2, 4 and the last
+
+
+def test_iteration_based_run(tmp_path):
+    rec = Recorder()
+    kwargs = toy_runner_kwargs(tmp_path, hooks=[rec], max_epochs=None, max_iters=7, val_interval=3)
+    Runner(**kwargs).train()
+    seq = names(rec)
+    assert seq.count("after_train_iter") == 7
+    assert seq.count("before_train_epoch") == 3  # passes of 3, 3 and 1 batches
+    assert seq.count("after_train_epoch") == 3
+    vals = [i for h, _, i in rec.calls if h == "after_val_epoch"]
+    assert vals == [3, 6, 7]
+    assert seq[-2:] == ["after_train", "after_run"]
+
+
+def test_stop_training_ends_after_current_iteration(tmp_path):
+    class Stopper:
+        @hookimpl
+        def after_train_iter(self, runner, batch_idx):
+            if runner.iter == 4:
+                runner.stop_training = True
+
+    rec = Recorder()
+    Runner(**toy_runner_kwargs(tmp_path, hooks=[Stopper(), rec], max_epochs=5)).train()
+    seq = names(rec)
+    assert seq.count("after_train_iter") == 5
+    assert seq[-4:] == ["after_train_iter", "after_train_epoch", "after_train", "after_run"]
+
+
+def test_on_exception_then_same_exception_propagates(tmp_path):
+    boom = RuntimeError("boom")
+
+    class Fails:
+        @hookimpl
+        def after_train_iter(self, runner):
+            if runner.iter == 1:
+                raise boom
+
+    rec = Recorder()
+    with pytest.raises(RuntimeError) as info:
+        Runner(**toy_runner_kwargs(tmp_path, hooks=[Fails(), rec])).train()
+    assert info.value is boom
+    assert names(rec)[-1] == "on_exception"
+    assert "after_run" not in names(rec)
+
+
+def test_val_and_test_alone(tmp_path):
+    rec = Recorder()
+    runner = Runner(
+        **toy_runner_kwargs(tmp_path, hooks=[rec], test_dataloader=toy_data(4, 4, False))
+    )
+    runner.val()
+    runner.test()
+    assert names(rec) == [
+        "before_run", "before_val", "before_val_epoch", "before_val_iter", "after_val_iter",
+        "before_val_iter", "after_val_iter", "after_val_epoch", "after_val", "after_run",
+        "before_run", "before_test", "before_test_epoch", "before_test_iter", "after_test_iter",
+        "after_test_epoch", "after_test", "after_run",
+    ]  # fmt: skip
+
+
+def test_outputs_hold_detached_losses_with_loss_first(tmp_path):
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch):
+            x, y = batch
+            ce = torch.nn.functional.cross_entropy(self.lin(x), y)
+            reg = self.lin.weight.pow(2).sum() * 1e-3
+            return {"ce": ce, "reg": reg, "loss": ce + reg}
+
+        def validation_step(self, batch):
+            return {"acc": (self.lin(batch[0]).argmax(1) == batch[1]).float().mean()}
+
+    seen = []
+
+    class Grab:
+        @hookimpl
+        def after_train_iter(self, outputs):
+            seen.append(outputs)
+
+    model = Model()
+    runner = Runner(
+        model, toy_data(), toy_data(8, 4, False), optimizer=torch.optim.SGD(model.parameters(), 0.1),
+        max_epochs=1, hooks=[Grab()], writers=(), work_dir=tmp_path,
+    )
+    runner.train()
+    assert list(seen[0]) == ["loss", "ce", "reg"]
+    assert all(not v.requires_grad for v in seen[0].values())
+    assert torch.allclose(seen[0]["loss"], seen[0]["ce"] + seen[0]["reg"])
+    assert set(runner.last_metrics["val"]) == {"acc"}
