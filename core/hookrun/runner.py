@@ -147,7 +147,7 @@ class Runner:
 
     def info(self, message: str) -> None:
         """A one-line notice on rank 0's console."""
-        self.console.print(f"[hookrun] {message}", markup=False)
+        self.console.print(f"[hookrun] {message}", markup=False, soft_wrap=True)
 
     def write_scalars(self, scalars: Mapping[str, float], step: int | None = None) -> None:
         """Send host floats to every writer (rank 0 only)."""

@@ -51,7 +51,7 @@ class JsonlWriter(Writer):
         super().__init__(work_dir)
         self.path = self.work_dir / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = self.path.open("a", encoding="utf-8", buffering=1)  # a crash loses no line
 
     def write_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         record = {"step": step, "time": round(time.time(), 3)}
