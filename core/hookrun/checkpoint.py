@@ -159,7 +159,7 @@ SAFE_SCALARS = (bool, int, float, str, bytes, type(None), torch.dtype, torch.dev
 
 def unsafe_value(obj: Any, where: str = "checkpoint") -> str | None:
     """Where ``obj`` holds something ``weights_only=True`` loading would refuse, or None."""
-    if isinstance(obj, (torch.Tensor, *SAFE_SCALARS)):
+    if isinstance(obj, torch.Tensor) or type(obj) in SAFE_SCALARS:  # exact: np.float64 is a float
         return None
     if type(obj) in (list, tuple):
         items: Any = enumerate(obj)

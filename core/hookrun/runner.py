@@ -26,7 +26,7 @@ from hookrun.steps import (
     to_device,
     training_losses,
 )
-from hookrun.writers import Writer, make_writers
+from hookrun.writers import Writer, open_writers, resolve_writers
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -105,7 +105,7 @@ class Runner:
             self.info(notice)
         self.scalars = ScalarStore()
         self.writers: list[Writer] = []
-        self._writer_spec = writers
+        self._writer_classes = resolve_writers(writers)
         self.iter = 0
         self.epoch = 0
         self.inner_iter = 0
@@ -150,10 +150,11 @@ class Runner:
         self.console.print(f"[hookrun] {message}", markup=False, soft_wrap=True)
 
     def write_scalars(self, scalars: Mapping[str, float], step: int | None = None) -> None:
-        """Send host floats to every writer (rank 0 only)."""
+        """Send host floats to every writer (rank 0 only); the default step is the number of
+        completed iterations."""
         if self.is_main and scalars:
             for writer in self.writers:
-                writer.write_scalars(scalars, self.iter if step is None else step)
+                writer.write_scalars(scalars, self._pos["iter"] if step is None else step)
 
     # -- public entry points -------------------------------------------------------------
 
@@ -274,7 +275,7 @@ class Runner:
         self._depth += 1
         previous, self.mode = self.mode, mode
         if outer and self.is_main and not self.writers:
-            self.writers = make_writers(self._writer_spec, self.work_dir)
+            self.writers = open_writers(self._writer_classes, self.work_dir)
         try:
             yield
         except BaseException as exc:

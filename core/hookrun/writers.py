@@ -118,26 +118,38 @@ class TensorBoardWriter(Writer):
 BUILTIN_WRITERS: dict[str, type[Writer]] = {"jsonl": JsonlWriter, "tensorboard": TensorBoardWriter}
 
 
-def make_writers(spec: Any, work_dir: Path) -> list[Writer]:
-    """Writers from names, ``{name: options}`` mappings or ready ``Writer`` instances."""
+def resolve_writers(spec: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """Writer classes (or ready instances) with their options; unknown names are errors.
+
+    ``spec``: names, a ``{name: options}`` mapping, or ``Writer`` instances.
+    """
     if spec is None:
         return []
     items = list(spec.items()) if isinstance(spec, Mapping) else [(s, {}) for s in spec]
-    writers: list[Writer] = []
+    resolved: list[tuple[Any, dict[str, Any]]] = []
     available = None
+    errors = []
     for name, options in items:
         if isinstance(name, Writer):
-            writers.append(name)
+            resolved.append((name, {}))
             continue
         cls = BUILTIN_WRITERS.get(name)
         if cls is None:
             available = available or installed(WRITER_GROUP)
             if name not in available:
                 known = set(BUILTIN_WRITERS) | set(available)
-                raise ConfigError(f"writers.{name}: unknown writer{did_you_mean(name, known)}")
+                errors.append(f"writers.{name}: unknown writer{did_you_mean(name, known)}")
+                continue
             cls = available[name].entry_point.load()
-        writers.append(cls(work_dir, **(options or {})))
-    return writers
+        resolved.append((cls, dict(options or {})))
+    if errors:
+        raise ConfigError(errors)
+    return resolved
+
+
+def open_writers(resolved: list[tuple[Any, dict[str, Any]]], work_dir: Path) -> list[Writer]:
+    """Instantiate resolved writers in ``work_dir`` (ready instances are used as they are)."""
+    return [cls if isinstance(cls, Writer) else cls(work_dir, **options) for cls, options in resolved]
 
 
 def _json_number(value: float) -> float | str:

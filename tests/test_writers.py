@@ -1,0 +1,77 @@
+"""Writers: TensorBoard event files read back, JSONL lines, writers from entry points."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import toy_runner_kwargs
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from hookrun import Runner, hookimpl
+from hookrun.errors import ConfigError
+
+
+class EveryTwo:
+    @hookimpl
+    def after_train_iter(self, runner):
+        if runner.every_n_iters(2):
+            runner.write_scalars(runner.scalars.mean(["train/loss"], window=2))
+
+
+def read_events(folder):
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_and_jsonl_hold_the_expected_tags_and_steps(tmp_path):
+    runner = Runner(**toy_runner_kwargs(tmp_path, hooks=[EveryTwo()], max_epochs=2,
+                                         writers=("jsonl", "tensorboard")))
+    runner.train()
+    events = read_events(tmp_path / "run" / "tensorboard")
+    assert set(events) == {"train/loss", "val/loss", "val/accuracy"}
+    assert [s for s, _ in events["train/loss"]] == [2, 4, 6]
+    assert [s for s, _ in events["val/accuracy"]] == [3, 6]
+    assert events["val/loss"][-1][1] == pytest.approx(runner.last_metrics["val"]["loss"])
+    lines = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [2, 3, 4, 6, 6]
+    assert lines[1]["val/accuracy"] == pytest.approx(events["val/accuracy"][0][1])
+
+
+def test_thousands_of_scalars_all_reach_the_event_file(tmp_path):
+    from hookrun.writers import TensorBoardWriter
+
+    writer = TensorBoardWriter(tmp_path)
+    for step in range(5000):
+        writer.write_scalars({"a": float(step)}, step)
+    writer.close()
+    assert len(read_events(tmp_path / "tensorboard")["a"]) == 5000
+
+
+def test_writer_from_an_installed_distribution(make_dist, tmp_path):
+    make_dist(
+        "hookrun-memwriter", "memwriter_mod",
+        """
+        from hookrun import Writer
+        RECORDS = []
+        class MemWriter(Writer):
+            def __init__(self, work_dir, prefix="m"):
+                super().__init__(work_dir)
+                self.prefix = prefix
+            def write_scalars(self, scalars, step):
+                RECORDS.append((self.prefix, step, dict(scalars)))
+        """,
+        {"hookrun.writers": {"memory": "memwriter_mod:MemWriter"}},
+    )
+    import sys
+
+    sys.modules.pop("memwriter_mod", None)
+    Runner(**toy_runner_kwargs(tmp_path, writers={"memory": {"prefix": "x"}}, max_epochs=1)).train()
+    records = sys.modules["memwriter_mod"].RECORDS
+    assert records[0][0:2] == ("x", 3) and set(records[0][2]) == {"val/loss", "val/accuracy"}
+
+
+def test_unknown_writer_name(tmp_path):
+    with pytest.raises(ConfigError, match=r"writers.tensorbord: unknown writer \(did you mean 'tensorboard'\?\)"):
+        Runner(**toy_runner_kwargs(tmp_path, writers=("tensorbord",)))
