@@ -64,10 +64,17 @@ def main() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     loader = DataLoader(NoisyDigits(40), batch_size=6, shuffle=True, num_workers=workers)
     runner = Runner(
-        model, loader, DataLoader(NoisyDigits(12), batch_size=6), optimizer=optimizer,
+        model,
+        loader,
+        DataLoader(NoisyDigits(12), batch_size=6),
+        optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7),
-        criterion=nn.CrossEntropyLoss(), max_epochs=3, work_dir=work_dir, writers=("jsonl",),
-        hooks=[Saver(kill_at)], seed=7,
+        criterion=nn.CrossEntropyLoss(),
+        max_epochs=3,
+        work_dir=work_dir,
+        writers=("jsonl",),
+        hooks=[Saver(kill_at)],
+        seed=7,
     )
     runner.train(resume="auto" if "--resume" in sys.argv else None)
     runner.save_checkpoint(os.path.join(work_dir, "final.pt"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import toy_data, toy_runner_kwargs
 
+from conftest import toy_data, toy_runner_kwargs
 from hookrun import Runner, hookimpl
 from hookrun.manager import hook_points
 
@@ -153,8 +153,14 @@ def test_outputs_hold_detached_losses_with_loss_first(tmp_path):
 
     model = Model()
     runner = Runner(
-        model, toy_data(), toy_data(8, 4, False), optimizer=torch.optim.SGD(model.parameters(), 0.1),
-        max_epochs=1, hooks=[Grab()], writers=(), work_dir=tmp_path,
+        model,
+        toy_data(),
+        toy_data(8, 4, False),
+        optimizer=torch.optim.SGD(model.parameters(), 0.1),
+        max_epochs=1,
+        hooks=[Grab()],
+        writers=(),
+        work_dir=tmp_path,
     )
     runner.train()
     assert list(seen[0]) == ["loss", "ce", "reg"]

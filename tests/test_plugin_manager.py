@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import toy_runner_kwargs
 
+from conftest import toy_runner_kwargs
 from hookrun import Plugin, PluginSettings, Priority, Runner, hookimpl
 from hookrun.errors import PluginError
 from hookrun.manager import PluginManager
@@ -35,7 +35,9 @@ class Greeter(Plugin):
 
 def install_greeter(make_dist, module="greeter_mod", default=True):
     make_dist(
-        "hookrun-greeter", module, PLUGIN_SOURCE.format(default=default),
+        "hookrun-greeter",
+        module,
+        PLUGIN_SOURCE.format(default=default),
         {"hookrun.plugins": {"greeter": f"{module}:Greeter"}},
     )
     sys.modules.pop(module, None)
@@ -74,7 +76,9 @@ def test_priorities_order_every_hook_point_and_ties_keep_the_given_order(tmp_pat
 def test_installed_plugin_is_discovered_and_configured_by_name(make_dist, tmp_path, monkeypatch):
     monkeypatch.setenv("HOOKRUN_PLUGINS_AUTOLOAD", "1")
     install_greeter(make_dist)
-    runner = Runner(**toy_runner_kwargs(tmp_path, plugins={"greeter": {"greeting": "yo", "times": 2}}))
+    runner = Runner(
+        **toy_runner_kwargs(tmp_path, plugins={"greeter": {"greeting": "yo", "times": 2}})
+    )
     runner.train()
     assert sys.modules["greeter_mod"].CALLS == ["yo", "yo"]
     assert runner.plugins["greeter"].priority == Priority.LOW
@@ -121,10 +125,16 @@ def test_disabled_or_blocked_plugin_is_never_imported(make_dist, tmp_path, monke
     assert "greeter_blocked" not in sys.modules
 
 
-def test_plugin_failing_to_import_is_reported_and_skipped_unless_asked(make_dist, tmp_path, monkeypatch, capsys):
+def test_plugin_failing_to_import_is_reported_and_skipped_unless_asked(
+    make_dist, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("HOOKRUN_PLUGINS_AUTOLOAD", "1")
-    make_dist("hookrun-broken", "broken_mod", "raise ImportError('needs libfoo')\n",
-              {"hookrun.plugins": {"broken": "broken_mod:Broken"}})
+    make_dist(
+        "hookrun-broken",
+        "broken_mod",
+        "raise ImportError('needs libfoo')\n",
+        {"hookrun.plugins": {"broken": "broken_mod:Broken"}},
+    )
     runner = Runner(**toy_runner_kwargs(tmp_path))
     assert "broken" not in runner.plugins
     message = runner.manager.load_errors["broken"]
@@ -195,7 +205,9 @@ def test_unmarked_hook_method_is_rejected(tmp_path):
         def before_train(self, runner):
             pass
 
-    with pytest.raises(PluginError, match="'before_train' matches a hook point but lacks @hookimpl"):
+    with pytest.raises(
+        PluginError, match="'before_train' matches a hook point but lacks @hookimpl"
+    ):
         Runner(**toy_runner_kwargs(tmp_path, hooks=[Forgot()]))
 
 

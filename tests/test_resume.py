@@ -20,8 +20,9 @@ JOB = Path(__file__).with_name("resume_job.py")
 def run_job(work_dir: Path, workers: int, kill_at: int = -1, resume: bool = False) -> int:
     cmd = [sys.executable, str(JOB), str(work_dir), str(workers), str(kill_at)]
     env = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0"}
-    proc = subprocess.run(cmd + (["--resume"] if resume else []), env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        cmd + (["--resume"] if resume else []), env=env, capture_output=True, text=True, timeout=240
+    )
     if proc.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(proc.stderr)
     return proc.returncode
@@ -90,8 +91,13 @@ def test_truncated_newest_checkpoint_is_named_and_skipped(tmp_path):
     newest = tmp_path / "checkpoints" / "iter_10.pt"
     newest.write_bytes(newest.read_bytes()[:1000])
     env = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0"}
-    proc = subprocess.run([sys.executable, str(JOB), str(tmp_path), "0", "-1", "--resume"],
-                          env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, str(JOB), str(tmp_path), "0", "-1", "--resume"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"skipping checkpoint {newest}: cannot be loaded" in proc.stdout
     assert "resumed from" in proc.stdout and "iter_8.pt" in proc.stdout

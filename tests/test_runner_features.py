@@ -6,10 +6,10 @@ import copy
 
 import pytest
 import torch
-from conftest import toy_data, toy_runner_kwargs
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from conftest import toy_data, toy_runner_kwargs
 from hookrun import Runner, hookimpl
 from hookrun.errors import ConfigError
 
@@ -24,11 +24,25 @@ def test_gradient_accumulation_equals_the_large_batch_step(tmp_path):
     torch.manual_seed(0)
     small, large = nn.Linear(4, 2), nn.Linear(4, 2)
     large.load_state_dict(small.state_dict())
-    Runner(small, fixed_data(16, 4), optimizer=torch.optim.SGD(small.parameters(), 0.5),
-           criterion=nn.CrossEntropyLoss(), max_epochs=1, grad_accum=2, writers=(),
-           work_dir=tmp_path).train()
-    Runner(large, fixed_data(16, 8), optimizer=torch.optim.SGD(large.parameters(), 0.5),
-           criterion=nn.CrossEntropyLoss(), max_epochs=1, writers=(), work_dir=tmp_path).train()
+    Runner(
+        small,
+        fixed_data(16, 4),
+        optimizer=torch.optim.SGD(small.parameters(), 0.5),
+        criterion=nn.CrossEntropyLoss(),
+        max_epochs=1,
+        grad_accum=2,
+        writers=(),
+        work_dir=tmp_path,
+    ).train()
+    Runner(
+        large,
+        fixed_data(16, 8),
+        optimizer=torch.optim.SGD(large.parameters(), 0.5),
+        criterion=nn.CrossEntropyLoss(),
+        max_epochs=1,
+        writers=(),
+        work_dir=tmp_path,
+    ).train()
     for a, b in zip(small.parameters(), large.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -37,11 +51,20 @@ def test_gradient_clipping_limits_the_step(tmp_path):
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     before = copy.deepcopy(model)
-    runner = Runner(model, fixed_data(4, 4), optimizer=torch.optim.SGD(model.parameters(), 1.0),
-                    criterion=lambda out, y: 1000 * out.sum(), max_epochs=1, clip_grad=0.5,
-                    writers=(), work_dir=tmp_path)
+    runner = Runner(
+        model,
+        fixed_data(4, 4),
+        optimizer=torch.optim.SGD(model.parameters(), 1.0),
+        criterion=lambda out, y: 1000 * out.sum(),
+        max_epochs=1,
+        clip_grad=0.5,
+        writers=(),
+        work_dir=tmp_path,
+    )
     runner.train()
-    step = torch.cat([(p - q).flatten() for p, q in zip(model.parameters(), before.parameters())])
+    step = torch.cat(
+        [(p - q).flatten() for p, q in zip(model.parameters(), before.parameters(), strict=True)]
+    )
     assert step.norm().item() == pytest.approx(0.5, rel=1e-4)
     assert runner.scalars.latest(["train/grad_norm"])["train/grad_norm"] > 100
 
@@ -60,9 +83,17 @@ def test_bf16_autocast_on_cpu(tmp_path):
             return out
 
     model = Model()
-    runner = Runner(model, fixed_data(), fixed_data(), optimizer=torch.optim.SGD(model.parameters(), 0.1),
-                    criterion=nn.CrossEntropyLoss(), max_epochs=1, amp="bf16", writers=(),
-                    work_dir=tmp_path)
+    runner = Runner(
+        model,
+        fixed_data(),
+        fixed_data(),
+        optimizer=torch.optim.SGD(model.parameters(), 0.1),
+        criterion=nn.CrossEntropyLoss(),
+        max_epochs=1,
+        amp="bf16",
+        writers=(),
+        work_dir=tmp_path,
+    )
     runner.train()
     assert set(dtypes) == {torch.bfloat16}
     assert model.lin.weight.dtype == torch.float32
@@ -74,9 +105,17 @@ def test_scheduler_stepped_per_epoch_or_per_iteration(tmp_path, interval, steps)
     model = nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-    Runner(model, fixed_data(16, 4), optimizer=optimizer, scheduler=scheduler,
-           scheduler_interval=interval, criterion=nn.CrossEntropyLoss(), max_epochs=2,
-           writers=(), work_dir=tmp_path).train()
+    Runner(
+        model,
+        fixed_data(16, 4),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scheduler_interval=interval,
+        criterion=nn.CrossEntropyLoss(),
+        max_epochs=2,
+        writers=(),
+        work_dir=tmp_path,
+    ).train()
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5**steps)
 
 
@@ -87,9 +126,16 @@ def test_same_seed_same_weights(tmp_path):
         torch.manual_seed(123)  # same init; only the runner's seed differs below
         for p in model.parameters():
             nn.init.normal_(p)
-        Runner(model, toy_data(16, 4), optimizer=torch.optim.SGD(model.parameters(), 0.1),
-               criterion=nn.CrossEntropyLoss(), max_epochs=2, seed=seed, writers=(),
-               work_dir=tmp_path).train()
+        Runner(
+            model,
+            toy_data(16, 4),
+            optimizer=torch.optim.SGD(model.parameters(), 0.1),
+            criterion=nn.CrossEntropyLoss(),
+            max_epochs=2,
+            seed=seed,
+            writers=(),
+            work_dir=tmp_path,
+        ).train()
         return torch.cat([p.flatten() for p in model.parameters()])
 
     assert torch.equal(train(1), train(1))
@@ -100,8 +146,14 @@ def test_validation_metrics_are_weighted_by_batch_size(tmp_path):
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     val = fixed_data(10, 4)  # batches of 4, 4 and 2
-    runner = Runner(**toy_runner_kwargs(tmp_path, model=model, val_dataloader=val,
-                                         optimizer=torch.optim.SGD(model.parameters(), 0.1)))
+    runner = Runner(
+        **toy_runner_kwargs(
+            tmp_path,
+            model=model,
+            val_dataloader=val,
+            optimizer=torch.optim.SGD(model.parameters(), 0.1),
+        )
+    )
     metrics = runner.val()
     x, y = val.dataset.tensors
     with torch.no_grad():
@@ -173,7 +225,9 @@ def test_unsafe_plugin_state_is_refused_before_writing(tmp_path):
     runner = Runner(**toy_runner_kwargs(tmp_path, hooks=[Bad()]))
     from hookrun.errors import CheckpointError
 
-    with pytest.raises(CheckpointError, match=r"checkpoint\['plugins'\]\['bad'\]\['best'\] is a numpy"):
+    with pytest.raises(
+        CheckpointError, match=r"checkpoint\['plugins'\]\['bad'\]\['best'\] is a numpy"
+    ):
         runner.save_checkpoint(tmp_path / "x.pt")
     assert not (tmp_path / "x.pt").exists()
     assert list(tmp_path.glob(".x.pt*")) == []

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from conftest import toy_data
 from torch import nn
 
+from conftest import toy_data
 from hookrun import Runner, hookimpl
 
 SYNC_METHODS = ["item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"]
@@ -45,9 +45,17 @@ def test_steady_state_iterations_read_nothing_to_host(tmp_path, monkeypatch):
     counter = SyncCounter(monkeypatch)
     snaps = Snapshots(counter)
     runner = Runner(
-        model, toy_data(64, 4), optimizer=optimizer, criterion=nn.CrossEntropyLoss(),
-        max_epochs=2, clip_grad=1.0, hooks=[snaps], writers=(), work_dir=tmp_path,
-        scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1), scheduler_interval="iter",
+        model,
+        toy_data(64, 4),
+        optimizer=optimizer,
+        criterion=nn.CrossEntropyLoss(),
+        max_epochs=2,
+        clip_grad=1.0,
+        hooks=[snaps],
+        writers=(),
+        work_dir=tmp_path,
+        scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1),
+        scheduler_interval="iter",
     )
     runner.train()
     steady = snaps.at_iter_start[2:16]  # iterations 2..15 of epoch 0
@@ -96,9 +104,14 @@ def test_memory_stays_flat_over_100k_iterations(tmp_path):
     model = nn.Linear(4, 2)
     probe = MemoryProbe()
     runner = Runner(
-        model, toy_data(4000, 4), optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
-        criterion=nn.CrossEntropyLoss(), max_iters=100_000, hooks=[probe],
-        writers=("jsonl", "tensorboard"), work_dir=tmp_path,
+        model,
+        toy_data(4000, 4),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+        criterion=nn.CrossEntropyLoss(),
+        max_iters=100_000,
+        hooks=[probe],
+        writers=("jsonl", "tensorboard"),
+        work_dir=tmp_path,
     )
     runner.train()
     growth = probe.rss[100_000] - probe.rss[10_000]

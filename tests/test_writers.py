@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import toy_runner_kwargs
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import toy_runner_kwargs
 from hookrun import Runner, hookimpl
 from hookrun.errors import ConfigError
 
@@ -26,8 +26,11 @@ def read_events(folder):
 
 
 def test_tensorboard_and_jsonl_hold_the_expected_tags_and_steps(tmp_path):
-    runner = Runner(**toy_runner_kwargs(tmp_path, hooks=[EveryTwo()], max_epochs=2,
-                                         writers=("jsonl", "tensorboard")))
+    runner = Runner(
+        **toy_runner_kwargs(
+            tmp_path, hooks=[EveryTwo()], max_epochs=2, writers=("jsonl", "tensorboard")
+        )
+    )
     runner.train()
     events = read_events(tmp_path / "run" / "tensorboard")
     assert set(events) == {"train/loss", "val/loss", "val/accuracy"}
@@ -51,7 +54,8 @@ def test_thousands_of_scalars_all_reach_the_event_file(tmp_path):
 
 def test_writer_from_an_installed_distribution(make_dist, tmp_path):
     make_dist(
-        "hookrun-memwriter", "memwriter_mod",
+        "hookrun-memwriter",
+        "memwriter_mod",
         """
         from hookrun import Writer
         RECORDS = []
@@ -73,5 +77,7 @@ def test_writer_from_an_installed_distribution(make_dist, tmp_path):
 
 
 def test_unknown_writer_name(tmp_path):
-    with pytest.raises(ConfigError, match=r"writers.tensorbord: unknown writer \(did you mean 'tensorboard'\?\)"):
+    with pytest.raises(
+        ConfigError, match=r"writers.tensorbord: unknown writer \(did you mean 'tensorboard'\?\)"
+    ):
         Runner(**toy_runner_kwargs(tmp_path, writers=("tensorbord",)))

@@ -28,12 +28,18 @@ _EXPORTS = {
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
-    from hookrun.dist import rank_zero_only
-    from hookrun.errors import CheckpointError, ConfigError, HookrunError, PluginError
-    from hookrun.plugin import Plugin, PluginSettings, Priority, hookimpl
-    from hookrun.runner import Runner
-    from hookrun.scalars import ScalarStore
-    from hookrun.writers import Writer
+    from hookrun.dist import rank_zero_only as rank_zero_only
+    from hookrun.errors import CheckpointError as CheckpointError
+    from hookrun.errors import ConfigError as ConfigError
+    from hookrun.errors import HookrunError as HookrunError
+    from hookrun.errors import PluginError as PluginError
+    from hookrun.plugin import Plugin as Plugin
+    from hookrun.plugin import PluginSettings as PluginSettings
+    from hookrun.plugin import Priority as Priority
+    from hookrun.plugin import hookimpl as hookimpl
+    from hookrun.runner import Runner as Runner
+    from hookrun.scalars import ScalarStore as ScalarStore
+    from hookrun.writers import Writer as Writer
 
 
 def __getattr__(name: str) -> Any:

@@ -126,10 +126,10 @@ def rng_state() -> dict[str, Any]:
         import numpy as np
     except ImportError:
         return state
-    kind, key, pos, has_gauss, cached = np.random.get_state()
+    kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state["numpy"] = {
         "kind": str(kind),
-        "key": torch.from_numpy(key.astype("int64")),
+        "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
         "pos": int(pos),
         "has_gauss": int(has_gauss),
         "cached_gaussian": float(cached),

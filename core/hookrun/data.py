@@ -39,7 +39,7 @@ def seed_all(seed: int) -> None:
         sys.modules["numpy"].random.seed(seed % (1 << 32))
 
 
-class SeededBatch(list):  # type: ignore[type-arg]
+class SeededBatch(list):
     """A batch of dataset indices carrying the seed for its augmentation."""
 
     def __init__(self, indices: Iterable[int], seed: int) -> None:
@@ -50,7 +50,7 @@ class SeededBatch(list):  # type: ignore[type-arg]
         return (SeededBatch, (list(self), self.seed))
 
 
-class SeededDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class SeededDataset(torch.utils.data.Dataset):
     """Fetches a batch after seeding the worker's generators from the batch's seed."""
 
     def __init__(self, dataset: Any) -> None:
@@ -105,7 +105,7 @@ class EpochBatches(Sampler[list[int]]):
 class ResumableLoader:
     """A ``DataLoader`` rebuilt so that any epoch can start at any batch."""
 
-    def __init__(self, loader: DataLoader, seed: int, sampler: Sampler | None = None) -> None:  # type: ignore[type-arg]
+    def __init__(self, loader: DataLoader, seed: int, sampler: Sampler | None = None) -> None:
         self.original = loader
         batch_sampler = loader.batch_sampler
         if sampler is not None:
@@ -160,7 +160,9 @@ class PlainLoader:
 
 
 def make_loader(
-    loader: Any, seed: int, sampler: Sampler | None = None  # type: ignore[type-arg]
+    loader: Any,
+    seed: int,
+    sampler: Sampler | None = None,
 ) -> ResumableLoader | PlainLoader | None:
     """Wrap what the user passed; map-style ``DataLoader``s get exact resume."""
     if loader is None:

@@ -62,7 +62,11 @@ def blocked_plugins() -> set[str]:
 
 def autoload_enabled() -> bool:
     """False when ``HOOKRUN_PLUGINS_AUTOLOAD=0``: only plugins the config names load."""
-    return os.environ.get("HOOKRUN_PLUGINS_AUTOLOAD", "1").strip().lower() not in {"0", "false", "no"}
+    return os.environ.get("HOOKRUN_PLUGINS_AUTOLOAD", "1").strip().lower() not in {
+        "0",
+        "false",
+        "no",
+    }
 
 
 def did_you_mean(name: str, choices: Iterable[object]) -> str:

@@ -34,8 +34,10 @@ def validation_lines(exc: Any, prefix: str, fields: Iterable[str] = ()) -> list[
     fields = list(fields)
     lines = []
     for err in exc.errors():
-        path = ".".join([prefix, *(str(p) for p in err["loc"])]) if prefix else ".".join(
-            str(p) for p in err["loc"]
+        path = (
+            ".".join([prefix, *(str(p) for p in err["loc"])])
+            if prefix
+            else ".".join(str(p) for p in err["loc"])
         )
         if err["type"] == "extra_forbidden":
             key = str(err["loc"][-1]) if err["loc"] else ""

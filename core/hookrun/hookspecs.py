@@ -390,7 +390,7 @@ def on_exception(runner: Runner, exception: BaseException) -> None:
 
 
 @hookspec
-def extra_models(runner: Runner) -> dict[str, Any]:
+def extra_models(runner: Runner) -> dict[str, Any]:  # type: ignore[empty-body]
     """Asked for the extra models a plugin keeps beside ``runner.model``, such as an EMA
     copy, so that other plugins can act on them without importing that plugin.
 

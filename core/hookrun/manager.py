@@ -289,4 +289,3 @@ def check_hookimpls(pm: pluggy.PluginManager, name: str, obj: object) -> list[st
                     f"(it passes: {', '.join(allowed)})"
                 )
     return errors
-

@@ -57,7 +57,9 @@ def parse_priority(value: Any, where: str) -> int:
             return int(Priority[value.upper()])
         except KeyError:
             names = ", ".join(p.name for p in Priority)
-            raise ValueError(f"{where}: unknown priority {value!r} (use 0-100 or {names})") from None
+            raise ValueError(
+                f"{where}: unknown priority {value!r} (use 0-100 or {names})"
+            ) from None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
         raise ValueError(f"{where}: priority must be an int 0-100 or a name (got {value!r})")
     return int(value)

@@ -95,7 +95,9 @@ class Runner:
         self.amp = amp
         self.scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
         self.grad_accum = grad_accum
-        self.clip_grad = {"max_norm": clip_grad} if isinstance(clip_grad, (int, float)) else clip_grad
+        self.clip_grad = (
+            {"max_norm": clip_grad} if isinstance(clip_grad, (int, float)) else clip_grad
+        )
         self.config = dict(config or {})
         self.console = Console(quiet=self.rank != 0, highlight=False)
         self.manager = PluginManager(plugins, hooks)
@@ -230,7 +232,9 @@ class Runner:
         try:
             checkpoint = ckpt_io.load(path)
         except Exception as exc:
-            raise CheckpointError(f"cannot load checkpoint {path}: {type(exc).__name__}: {exc}") from exc
+            raise CheckpointError(
+                f"cannot load checkpoint {path}: {type(exc).__name__}: {exc}"
+            ) from exc
         self._restore(checkpoint, resume)
         return checkpoint
 
@@ -320,12 +324,16 @@ class Runner:
                     self.hooks.before_train_epoch(runner=self)
                     self._train_epoch(loader, pos["batch"], per_epoch)
                 self._end_epoch()
-            if self.by_epoch and pos["phase"] == "trained" and not self.stop_training:
-                if self._loaders["val"] is not None and self._epoch_val_due(pos["epoch"]):
-                    self._validate()
+            if self._epoch_val_pending():
+                self._validate()
             if self.stop_training or self._iters_done():
                 break
-            self._pos = pos = {"epoch": pos["epoch"] + 1, "batch": 0, "phase": "train", "iter": pos["iter"]}
+            self._pos = pos = {
+                "epoch": pos["epoch"] + 1,
+                "batch": 0,
+                "phase": "train",
+                "iter": pos["iter"],
+            }
 
     def _finished(self) -> bool:
         """Whether the position restored (or reached) leaves nothing to do."""
@@ -344,8 +352,13 @@ class Runner:
             return False
         return done % self.val_interval == 0 or done == self.max_iters
 
-    def _epoch_val_due(self, epoch: int) -> bool:
-        return (epoch + 1) % self.val_interval == 0 or epoch + 1 == self.max_epochs
+    def _epoch_val_pending(self) -> bool:
+        pos = self._pos
+        if not self.by_epoch or pos["phase"] != "trained" or self.stop_training:
+            return False
+        epoch = pos["epoch"] + 1
+        due = epoch % self.val_interval == 0 or epoch == self.max_epochs
+        return due and self._loaders["val"] is not None
 
     def _train_epoch(self, loader: Any, skip: int, per_epoch: int) -> None:
         hooks, pos, device = self.hooks, self._pos, self.device
@@ -366,9 +379,7 @@ class Runner:
         assert optimizer is not None
         boundary = (batch_idx + 1) % self.grad_accum == 0 or batch_idx + 1 == per_epoch
         sync = (
-            contextlib.nullcontext()
-            if boundary or self.world_size == 1
-            else self.model.no_sync()  # type: ignore[operator]
+            contextlib.nullcontext() if boundary or self.world_size == 1 else self.model.no_sync()  # type: ignore[operator]
         )
         with sync, self._autocast():
             losses = training_losses(self.model, self.unwrapped_model, self.criterion, batch)
@@ -379,7 +390,7 @@ class Runner:
             if self.clip_grad:
                 if self.scaler is not None:
                     self.scaler.unscale_(optimizer)
-                norm = nn.utils.clip_grad_norm_(self.unwrapped_model.parameters(), **self.clip_grad)
+                norm = nn.utils.clip_grad_norm_(self.unwrapped_model.parameters(), **self.clip_grad)  # type: ignore[arg-type]
                 self.scalars.put("train/grad_norm", norm)
             if self.scaler is not None:
                 self.scaler.step(optimizer)
@@ -470,7 +481,7 @@ class Runner:
         if isinstance(loader.sampler, DistributedSampler) or loader.batch_size is None:
             return None
         shuffle = isinstance(loader.sampler, RandomSampler)
-        return DistributedSampler(loader.dataset, shuffle=shuffle, seed=self.seed)  # type: ignore[arg-type]
+        return DistributedSampler(loader.dataset, shuffle=shuffle, seed=self.seed)
 
     def _shard_sampler(self, loader: Any) -> Any:
         if self.world_size == 1 or not isinstance(loader, torch.utils.data.DataLoader):
@@ -494,7 +505,9 @@ def _no_hook(_hooks: object, _name: str) -> Callable[..., None]:
 
 def _resolve_device(device: str | torch.device, local_rank: int) -> torch.device:
     if str(device) == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+        return (
+            torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+        )
     try:
         return torch.device(device)
     except RuntimeError as exc:
@@ -502,8 +515,12 @@ def _resolve_device(device: str | torch.device, local_rank: int) -> torch.device
 
 
 def _check_arguments(
-    max_epochs: int | None, max_iters: int | None, val_interval: int, amp: str | None,
-    grad_accum: int, scheduler_interval: str,
+    max_epochs: int | None,
+    max_iters: int | None,
+    val_interval: int,
+    amp: str | None,
+    grad_accum: int,
+    scheduler_interval: str,
 ) -> None:
     errors = []
     if max_epochs is not None and max_iters is not None:
@@ -518,7 +535,9 @@ def _check_arguments(
     if not isinstance(grad_accum, int) or grad_accum < 1:
         errors.append(f"runner.grad_accum: must be an int >= 1 (got {grad_accum!r})")
     if scheduler_interval not in ("epoch", "iter"):
-        errors.append(f"runner.scheduler_interval: must be 'epoch' or 'iter' (got {scheduler_interval!r})")
+        errors.append(
+            f"runner.scheduler_interval: must be 'epoch' or 'iter' (got {scheduler_interval!r})"
+        )
     if errors:
         raise ConfigError(errors)
 

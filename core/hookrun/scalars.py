@@ -40,7 +40,9 @@ class ScalarStore:
         keys = list(self._latest) if names is None else [n for n in names if n in self._latest]
         return dict(zip(keys, to_floats([self._latest[k] for k in keys]), strict=True))
 
-    def mean(self, names: Iterable[str] | None = None, window: int | None = None) -> dict[str, float]:
+    def mean(
+        self, names: Iterable[str] | None = None, window: int | None = None
+    ) -> dict[str, float]:
         """Mean of the last ``window`` values of each name (one batched transfer)."""
         keys = list(self._history) if names is None else [n for n in names if n in self._history]
         flat: list[Any] = []

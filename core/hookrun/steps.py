@@ -50,18 +50,23 @@ def training_losses(
     return {"loss": out["loss"], **{k: v for k, v in out.items() if k != "loss"}}
 
 
-def _through_wrapper(model: nn.Module, module: nn.Module, step: Callable[..., Any], batch: Any) -> Any:
+def _through_wrapper(
+    model: nn.Module, module: nn.Module, step: Callable[..., Any], batch: Any
+) -> Any:
     """Run ``training_step`` so DDP sees a forward: temporarily route forward to the step."""
     original = module.forward
-    module.forward = step  # type: ignore[method-assign]
+    module.forward = step
     try:
         return model(batch)
     finally:
-        module.forward = original  # type: ignore[method-assign]
+        module.forward = original
 
 
 def evaluation_values(
-    module: nn.Module, criterion: Any, metrics: Mapping[str, Callable[..., Any]], batch: Any,
+    module: nn.Module,
+    criterion: Any,
+    metrics: Mapping[str, Callable[..., Any]],
+    batch: Any,
     mode: str,
 ) -> dict[str, Any]:
     """Per-batch metric values (means over the batch) for validation or test."""

@@ -54,7 +54,7 @@ class JsonlWriter(Writer):
         self._file = self.path.open("a", encoding="utf-8", buffering=1)  # a crash loses no line
 
     def write_scalars(self, scalars: Mapping[str, float], step: int) -> None:
-        record = {"step": step, "time": round(time.time(), 3)}
+        record: dict[str, Any] = {"step": step, "time": round(time.time(), 3)}
         record.update({k: _json_number(v) for k, v in scalars.items()})
         self._write(record)
 
@@ -84,7 +84,10 @@ class TensorBoardWriter(Writer):
     """
 
     def __init__(
-        self, work_dir: str | Path, subdir: str = "tensorboard", max_queue: int = 1000,
+        self,
+        work_dir: str | Path,
+        subdir: str = "tensorboard",
+        max_queue: int = 1000,
         flush_secs: int = 30,
     ) -> None:
         super().__init__(work_dir)
@@ -149,7 +152,9 @@ def resolve_writers(spec: Any) -> list[tuple[Any, dict[str, Any]]]:
 
 def open_writers(resolved: list[tuple[Any, dict[str, Any]]], work_dir: Path) -> list[Writer]:
     """Instantiate resolved writers in ``work_dir`` (ready instances are used as they are)."""
-    return [cls if isinstance(cls, Writer) else cls(work_dir, **options) for cls, options in resolved]
+    return [
+        cls if isinstance(cls, Writer) else cls(work_dir, **options) for cls, options in resolved
+    ]
 
 
 def _json_number(value: float) -> float | str:
