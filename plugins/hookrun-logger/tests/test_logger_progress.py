@@ -1,0 +1,181 @@
+"""Console output in both modes: plain lines for logs and pipes, a clock-driven bar on a tty."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+
+import pytest
+import torch
+from rich.console import Console
+from torch.utils.data import DataLoader, TensorDataset
+
+from hookrun import hookimpl
+
+
+def console(terminal: bool) -> Console:
+    return Console(file=io.StringIO(), force_terminal=terminal, width=160, color_system=None)
+
+
+def output(runner) -> str:
+    return runner.console.file.getvalue()
+
+
+LINE = re.compile(r"^epoch (\d)/2  iter (\d+)/50  loss (\S+)  ce (\S+)  l2 (\S+)  lr (\S+)  ", re.M)
+
+
+def test_lines_mode_prints_one_line_per_interval_with_smoothed_values(make_runner, recorder):
+    runner = make_runner({"interval": 10, "window": 7}, hooks=[recorder])
+    runner.console = console(terminal=False)  # progress: auto -> lines
+    runner.train()
+    text = output(runner)
+    lines = LINE.findall(text)
+    assert [int(m[1]) for m in lines] == [10, 20, 30, 40, 50]
+    assert [int(m[0]) for m in lines] == [1, 1, 2, 2, 2]
+    for _epoch, step, loss, ce, l2, lr in lines:
+        step = int(step)
+        assert loss == f"{recorder.smoothed('loss', step, 7):.4f}"
+        assert ce == f"{recorder.smoothed('ce', step, 7):.4f}"
+        assert l2 == f"{recorder.smoothed('l2', step, 7):.4f}"
+        assert lr == "5.000e-02"
+    assert "\x1b[" not in text  # no cursor movement or colour in a log file
+    assert "it/s ETA" not in text  # no bar frame
+
+
+def test_lines_show_the_timer_eta_when_present(make_runner):
+    class Eta:
+        priority = 30
+
+        @hookimpl
+        def after_train_iter(self, runner):
+            runner.scalars.put("train/eta", 100.0 * (runner.max_iters - runner.iter - 1))
+
+    runner = make_runner({"interval": 10}, hooks=[Eta()])
+    runner.console = console(terminal=False)
+    runner.train()
+    etas = re.findall(r"iter (\d+)/50 .* eta (\d+:\d\d:\d\d)", output(runner))
+    assert etas == [
+        ("10", "1:06:40"),
+        ("20", "0:50:00"),
+        ("30", "0:33:20"),
+        ("40", "0:16:40"),
+        ("50", "0:00:00"),
+    ]
+
+
+def test_metrics_table_after_each_validation(make_runner):
+    runner = make_runner({"interval": 10, "progress": "off"})
+    runner.console = console(terminal=False)
+    runner.train()
+    text = output(runner)
+    assert "iter 10/50" not in text  # progress off: no interval lines
+    assert "val (epoch 1, iter 25)" in text and "val (epoch 2, iter 50)" in text
+    metrics = runner.last_metrics["val"]
+    rows = re.findall(r"│ (\w+) +│ +(\S+) │", text)
+    assert rows[-2:] == [
+        ("loss", f"{metrics['loss']:.4f}"),
+        ("accuracy", f"{metrics['accuracy']:.4f}"),
+    ]
+
+
+def test_test_run_prints_its_table(make_runner):
+    data = TensorDataset(torch.randn(12, 6), torch.randint(0, 3, (12,)))
+    runner = make_runner({"progress": "lines"}, test_dataloader=DataLoader(data, batch_size=4))
+    runner.console = console(terminal=False)
+    metrics = runner.test()
+    text = output(runner)
+    assert "test (iter 0)" in text
+    assert f"{metrics['accuracy']:.4f}" in text
+
+
+def test_log_val_iters_lines(make_runner):
+    runner = make_runner({"interval": 2, "log_val_iters": True, "progress": "lines"}, max_epochs=1)
+    runner.console = console(terminal=False)
+    runner.train()
+    assert re.findall(r"^val \[(\d+)/4\]", output(runner), re.M) == ["2", "4"]
+
+
+class Slow:
+    """Makes each iteration last about a millisecond, so the run spans several redraws."""
+
+    @hookimpl
+    def after_train_iter(self) -> None:
+        time.sleep(0.0015)
+
+
+def test_bar_on_a_terminal_is_redrawn_by_time_not_by_iteration(make_runner):
+    runner = make_runner(
+        {"interval": 10, "refresh_per_second": 4},
+        hooks=[Slow()],
+        max_epochs=8,
+        val_dataloader=None,  # printed tables redraw the bar too; keep only clock redraws
+    )
+    runner.console = console(terminal=True)  # progress: auto -> bar
+    start = time.perf_counter()
+    runner.train()  # 200 iterations
+    elapsed = time.perf_counter() - start
+    text = output(runner)
+    frames = text.count(" it/s ")
+    assert 1 <= frames <= elapsed * 4 + 3 < 200
+    assert "\x1b[?25h" in text  # cursor shown again: the bar was stopped
+    final = text.rsplit("epoch 8/8", 1)[1]
+    assert re.match(r" ━+ 200/200 loss \d\.\d{4} lr 5\.000e-02 [\d.]+ it/s ETA \d:\d\d:\d\d", final)
+    assert not LINE.search(text)  # no per-interval lines under a bar
+
+
+def test_bar_shows_validation_rows_when_asked(make_runner):
+    seen = []
+
+    class Peek:
+        priority = 100  # after the logger has counted the batch
+
+        @hookimpl
+        def after_val_iter(self, runner, batch_idx):
+            if batch_idx == 2:
+                seen.append(runner.console.file.getvalue())
+                runner.plugins["logger"].live.refresh()
+                seen.append(runner.console.file.getvalue())
+
+    runner = make_runner(
+        {"interval": 5, "log_val_iters": True, "progress": "bar"}, max_epochs=1, hooks=[Peek()]
+    )
+    runner.console = console(terminal=True)
+    runner.train()
+    assert re.search(r"\nval ━+╸? +3/4$", seen[1][len(seen[0]) :])
+
+
+@pytest.mark.parametrize("when", ["iteration", "validation"])
+def test_bar_is_stopped_when_training_fails(make_runner, when):
+    class Boom:
+        @hookimpl
+        def after_train_iter(self, runner):
+            self.live = runner.plugins["logger"].live
+            if when == "iteration" and runner.iter == 7:
+                raise RuntimeError("boom")
+
+        @hookimpl
+        def after_val_iter(self):
+            raise RuntimeError("boom")
+
+    boom = Boom()
+    runner = make_runner({"progress": "bar", "log_val_iters": True}, hooks=[boom])
+    runner.console = console(terminal=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        runner.train()
+    assert boom.live is not None and not boom.live.is_started
+    assert runner.plugins["logger"].live is None
+    assert output(runner).endswith("\x1b[?25h")
+    runner.console.print("after")  # the console works normally again
+    assert output(runner).endswith("after\n")
+
+
+def test_bar_stopped_after_a_normal_run_and_nothing_on_other_modes(make_runner):
+    runner = make_runner({"progress": "bar"})
+    runner.console = console(terminal=True)
+    runner.train()
+    assert runner.plugins["logger"].live is None
+    before = output(runner)
+    runner.val()  # no bar for a val() call without log_val_iters, just the table
+    after = output(runner)[len(before) :]
+    assert "it/s" not in after and "val (epoch 2, iter 50)" in after
