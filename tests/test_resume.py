@@ -49,7 +49,7 @@ def assert_identical(a: Path, b: Path) -> None:
     for key, value in left_t.items():
         assert torch.equal(value, right_t[key]), key
     assert left["loop"] == right["loop"]
-    assert left["scheduler"] == right["scheduler"]
+    assert left.get("scheduler") == right.get("scheduler")
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -62,6 +62,23 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm statistics drift apart after the last
+    forward of DDP, which only broadcasts them at the start of each forward)."""
+    if is_distributed():
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``[obj]`` in a single process)."""
+    if not is_distributed():
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
 def rank_zero_only(fn: F) -> F:
     """Run ``fn`` on rank 0 only; other ranks get ``None``."""
 

@@ -190,6 +190,8 @@ class Runner:
     def checkpoint_state(self, save_optimizer: bool = True) -> dict[str, Any]:
         """Everything a checkpoint holds, before ``before_save_checkpoint`` edits it."""
         pos = self._pos
+        rng = ckpt_io.rng_state()
+        ranks = dist.all_gather_object(rng) if self.world_size > 1 else None
         epoch_over = pos["phase"] == "trained" or (self.by_epoch and pos["phase"] == "validated")
         done_epochs = pos["epoch"] + int(epoch_over)
         state: dict[str, Any] = {
@@ -203,7 +205,7 @@ class Runner:
             },
             "model": self.unwrapped_model.state_dict(),
             "loop": dict(pos),
-            "rng": ckpt_io.rng_state(),
+            "rng": rng,
             "plugins": {name: obj.state_dict() for name, obj in self.manager.stateful().items()},  # type: ignore[attr-defined]
         }
         if save_optimizer and self.optimizer is not None:
@@ -212,6 +214,8 @@ class Runner:
             state["scheduler"] = self.scheduler.state_dict()
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
+        if ranks is not None:
+            state["rng_ranks"] = ranks  # every rank resumes its own random streams
         self.hooks.before_save_checkpoint(runner=self, checkpoint=state)
         return state
 
@@ -267,7 +271,12 @@ class Runner:
             for name, obj in self.manager.stateful().items():
                 if name in checkpoint.get("plugins", {}):
                     obj.load_state_dict(checkpoint["plugins"][name])  # type: ignore[attr-defined]
-            ckpt_io.set_rng_state(checkpoint["rng"])
+            ranks = checkpoint.get("rng_ranks") or [checkpoint["rng"]]
+            if len(ranks) != self.world_size:
+                self.info(
+                    f"checkpoint was written by {len(ranks)} process(es); RNG streams of rank 0 used"
+                )
+            ckpt_io.set_rng_state(ranks[self.rank] if len(ranks) == self.world_size else ranks[0])
         self.hooks.after_load_checkpoint(runner=self, checkpoint=checkpoint)
 
     # -- loops ---------------------------------------------------------------------------
@@ -413,6 +422,7 @@ class Runner:
         if self.scheduler is not None and self.scheduler_interval == "epoch":
             self.scheduler.step()
         self._pos["phase"] = "trained"
+        dist.broadcast_buffers(self.unwrapped_model)
         self.hooks.after_train_epoch(runner=self)
         self.epoch = self._pos["epoch"] + 1
 
@@ -441,6 +451,7 @@ class Runner:
             getattr(self.hooks, f"before_{mode}")(runner=self)
             getattr(self.hooks, f"before_{mode}_epoch")(runner=self)
         was_training = self.unwrapped_model.training
+        dist.broadcast_buffers(self.unwrapped_model)
         self.unwrapped_model.eval()
         sums: dict[str, torch.Tensor] = {}
         count = torch.zeros((), dtype=torch.float64, device=self.device)
