@@ -274,7 +274,7 @@ class Runner:
             ranks = checkpoint.get("rng_ranks") or [checkpoint["rng"]]
             if len(ranks) != self.world_size:
                 self.info(
-                    f"checkpoint was written by {len(ranks)} process(es); RNG streams of rank 0 used"
+                    f"checkpoint written by {len(ranks)} process(es); using the RNG streams of rank 0"
                 )
             ckpt_io.set_rng_state(ranks[self.rank] if len(ranks) == self.world_size else ranks[0])
         self.hooks.after_load_checkpoint(runner=self, checkpoint=checkpoint)
