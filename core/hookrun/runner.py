@@ -273,9 +273,7 @@ class Runner:
                     obj.load_state_dict(checkpoint["plugins"][name])  # type: ignore[attr-defined]
             ranks = checkpoint.get("rng_ranks") or [checkpoint["rng"]]
             if len(ranks) != self.world_size:
-                self.info(
-                    f"checkpoint written by {len(ranks)} process(es); using the RNG streams of rank 0"
-                )
+                self.info(f"checkpoint of {len(ranks)} process(es): rank 0's RNG streams used")
             ckpt_io.set_rng_state(ranks[self.rank] if len(ranks) == self.world_size else ranks[0])
         self.hooks.after_load_checkpoint(runner=self, checkpoint=checkpoint)
 
