@@ -1,0 +1,187 @@
+"""Cost of hookrun's logging against a hand-written loop that logs the same things (CPU).
+
+A 64-128-10 MLP, batch 32, one thread. Every 50 iterations both sides write the loss
+smoothed over the last 20 iterations and the learning rate to TensorBoard (tensorboardX)
+and a JSONL file, and print one console line (captured). When the timer plugin is
+installed the runner's default plugins also log iteration time, data time, throughput
+and ETA, so a second hand loop measures those with host clocks and logs them too.
+
+Cases, alternated run by run, medians reported (µs per iteration, ratio to the hand loop
+that does the same logging; budget <= 1.03, DESIGN §10):
+
+- ``hookrun, logger only``: the Runner with just the logger (interval 50, window 20).
+- ``hookrun, default plugins``: ``plugins=None`` -- every installed plugin enabled by
+  default with default settings (logger, timer, checkpoint; ema and precise_bn blocked).
+  The checkpoint plugin saves at the end of the epoch; the run is one epoch and timing
+  stops in ``after_train_epoch`` at priority 0, before it saves, so no save is timed.
+
+Each run uses a fresh temporary work_dir. ``python benchmarks/logger.py [--iters N] [--repeats R]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+from tensorboardX import SummaryWriter
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hookrun import Runner, hookimpl
+
+BATCH, FEATURES, HIDDEN, CLASSES = 32, 64, 128, 10
+INTERVAL, WINDOW = 50, 20
+
+
+def make_data(iters: int) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(iters * BATCH, FEATURES, generator=g)
+    y = torch.randint(0, CLASSES, (iters * BATCH,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True)
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+
+
+def hand_loop(iters: int, timing: bool) -> float:
+    """What a user writes by hand: smoothed loss and lr (and, with ``timing``, the timer's
+    four figures) to TensorBoard and JSONL plus a console line every 50 iterations."""
+    model, loader = make_model(), make_data(iters)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    criterion = nn.CrossEntropyLoss()
+    with tempfile.TemporaryDirectory() as work_dir:
+        tb = SummaryWriter(str(Path(work_dir) / "tensorboard"), max_queue=1000, flush_secs=30)
+        log = (Path(work_dir) / "log.jsonl").open("a")
+        losses: deque[torch.Tensor] = deque(maxlen=WINDOW)
+        iter_times: deque[float] = deque(maxlen=WINDOW)
+        data_times: deque[float] = deque(maxlen=WINDOW)
+        start = last = time.perf_counter()
+        for i, (x, y) in enumerate(loader):
+            if timing:
+                fetched = time.perf_counter()
+                data_times.append(fetched - last)
+            loss = criterion(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+            if timing:
+                now = time.perf_counter()
+                iter_times.append(now - last)
+                last = now
+            if (i + 1) % INTERVAL == 0:
+                step = i + 1
+                values = {
+                    "train/loss": torch.stack(list(losses)).mean().item(),
+                    "train/lr": optimizer.param_groups[0]["lr"],
+                }
+                if timing:
+                    per_iter = sum(iter_times) / len(iter_times)
+                    values["train/time"] = per_iter
+                    values["train/data_time"] = sum(data_times) / len(data_times)
+                    values["train/throughput"] = BATCH / per_iter
+                    values["train/eta"] = per_iter * (iters - step)
+                for name, value in values.items():
+                    tb.add_scalar(name, value, step)
+                log.write(json.dumps({"step": step, "time": round(time.time(), 3), **values}))
+                log.write("\n")
+                print(f"iter {step}/{iters}  loss {values['train/loss']:.4f}")
+        elapsed = time.perf_counter() - start
+        tb.close()
+        log.close()
+    return elapsed / iters
+
+
+class Timing:
+    """Times the epoch from its start to its end, as the hand loop is timed; runs first."""
+
+    priority = 0
+
+    @hookimpl
+    def before_train_epoch(self) -> None:
+        self.start = time.perf_counter()
+
+    @hookimpl
+    def after_train_epoch(self) -> None:
+        self.elapsed = time.perf_counter() - self.start
+
+
+def runner_loop(iters: int, plugins: dict | None) -> tuple[float, list[str]]:
+    """Seconds per iteration of the Runner, and the plugins that were active."""
+    model = make_model()
+    timing = Timing()
+    with tempfile.TemporaryDirectory() as work_dir:
+        runner = Runner(
+            model,
+            make_data(iters),
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+            criterion=nn.CrossEntropyLoss(),
+            max_epochs=1,
+            work_dir=work_dir,
+            plugins=plugins,
+            hooks=[timing],
+        )
+        runner.train()
+    return timing.elapsed / iters, [name for name in runner.plugins if name != "Timing"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=3000)
+    parser.add_argument("--repeats", type=int, default=7)
+    args, _ = parser.parse_known_args()
+    torch.set_num_threads(1)
+    os.environ["HOOKRUN_DISABLE_PLUGINS"] = "ema,precise_bn"
+    os.environ.pop("HOOKRUN_PLUGINS_AUTOLOAD", None)
+    from hookrun.discovery import installed_plugins
+
+    installed = installed_plugins()
+    timer = "timer" in installed
+    logger_only = {name: False for name in installed if name != "logger"} | {"logger": {}}
+    n = args.iters
+    plain, timed = "hand loop, loss + lr", "hand loop, + timer figures"
+    cases = {
+        plain: lambda: (hand_loop(n, timing=False), []),
+        "hookrun, logger only": lambda: runner_loop(n, logger_only),
+    }
+    if timer:
+        cases[timed] = lambda: (hand_loop(n, timing=True), [])
+    cases["hookrun, default plugins"] = lambda: runner_loop(n, None)
+    baseline = {
+        "hookrun, logger only": plain,
+        "hookrun, default plugins": timed if timer else plain,
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    active: dict[str, list[str]] = {}
+    with contextlib.redirect_stdout(io.StringIO()):  # the console lines of both sides
+        for name, fn in cases.items():  # warm-up
+            active[name] = fn()[1]
+        for _ in range(args.repeats):
+            for name, fn in cases.items():
+                times[name].append(fn()[0])
+    print(
+        f"torch {torch.__version__}, {n} iterations x {args.repeats} alternating runs, 1 thread, "
+        f"MLP {FEATURES}-{HIDDEN}-{CLASSES}, batch {BATCH}, log every {INTERVAL}"
+    )
+    print(f"default plugins: {', '.join(active['hookrun, default plugins'])}")
+    print(f"{'case':28s} {'us/iter':>9s} {'ratio':>7s}  (ratio to)")
+    for name, values in times.items():
+        median = statistics.median(values)
+        ref = baseline.get(name)
+        ratio = f"{median / statistics.median(times[ref]):7.3f}  ({ref})" if ref else ""
+        print(f"{name:28s} {median * 1e6:9.1f} {ratio}")
+
+
+if __name__ == "__main__":
+    main()
