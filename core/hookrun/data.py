@@ -188,3 +188,27 @@ class ShardSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)
+
+
+def train_sampler(loader: Any, seed: int) -> Sampler[int] | None:
+    """A ``DistributedSampler`` under torch.distributed when the loader has none (shuffle
+    kept as the user asked); re-seeded each epoch through ``set_epoch``."""
+    from torch.utils.data import DistributedSampler, RandomSampler
+
+    from hookrun.dist import get_world_size
+
+    if get_world_size() == 1 or not isinstance(loader, DataLoader) or loader.batch_size is None:
+        return None
+    if isinstance(loader.sampler, DistributedSampler):
+        return None
+    shuffle = isinstance(loader.sampler, RandomSampler)
+    return DistributedSampler(loader.dataset, shuffle=shuffle, seed=seed)
+
+
+def shard_sampler(loader: Any) -> Sampler[int] | None:
+    """An evaluation shard per rank under torch.distributed (see :class:`ShardSampler`)."""
+    from hookrun.dist import get_rank, get_world_size
+
+    if get_world_size() == 1 or not isinstance(loader, DataLoader):
+        return None
+    return ShardSampler(len(loader.dataset), get_rank(), get_world_size())  # type: ignore[arg-type]

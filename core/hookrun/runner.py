@@ -1,10 +1,13 @@
-"""The Runner: training, validation and test loops that call the hook points in order."""
+"""The Runner: training, validation and test loops that call the hook points in order.
+
+The training loop is one state machine over a saved position (epoch, batch, phase), which
+is what makes mid-epoch resume exact; it is kept whole in this file.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,11 +18,14 @@ from torch import nn
 
 from hookrun import checkpoint as ckpt_io
 from hookrun import dist
-from hookrun.data import ShardSampler, make_loader, seed_all
+from hookrun import state as run_state
+from hookrun.arguments import check_arguments, resolve_device
+from hookrun.data import make_loader, seed_all, shard_sampler, train_sampler
 from hookrun.errors import CheckpointError, ConfigError
 from hookrun.manager import PluginManager
 from hookrun.scalars import ScalarStore
 from hookrun.steps import (
+    MetricMeans,
     batch_size,
     check_convention,
     evaluation_values,
@@ -60,12 +66,12 @@ class Runner:
         ddp: Mapping[str, Any] | None = None,
         config: Mapping[str, Any] | None = None,
     ) -> None:
-        _check_arguments(max_epochs, max_iters, val_interval, amp, grad_accum, scheduler_interval)
+        check_arguments(max_epochs, max_iters, val_interval, amp, grad_accum, scheduler_interval)
         check_convention(model, criterion)
         self.seed = seed
         seed_all(seed)
         self.rank, self.world_size, local_rank = dist.init_from_env()
-        self.device = _resolve_device(device, local_rank)
+        self.device = resolve_device(device, local_rank)
         if amp == "fp16" and self.device.type != "cuda":
             raise ConfigError("runner.amp: 'fp16' needs a CUDA device; use 'bf16' on CPU")
         self.unwrapped_model = model.to(self.device)
@@ -82,9 +88,9 @@ class Runner:
         self.val_dataloader = val_dataloader
         self.test_dataloader = test_dataloader
         self._loaders = {
-            "train": make_loader(train_dataloader, seed, self._train_sampler(train_dataloader)),
-            "val": make_loader(val_dataloader, seed, self._shard_sampler(val_dataloader)),
-            "test": make_loader(test_dataloader, seed, self._shard_sampler(test_dataloader)),
+            "train": make_loader(train_dataloader, seed, train_sampler(train_dataloader, seed)),
+            "val": make_loader(val_dataloader, seed, shard_sampler(val_dataloader)),
+            "test": make_loader(test_dataloader, seed, shard_sampler(test_dataloader)),
         }
         self.max_epochs = max_epochs if max_epochs is not None or max_iters else 10
         self._max_iters = max_iters
@@ -188,34 +194,8 @@ class Runner:
     # -- checkpoints ---------------------------------------------------------------------
 
     def checkpoint_state(self, save_optimizer: bool = True) -> dict[str, Any]:
-        """Everything a checkpoint holds, before ``before_save_checkpoint`` edits it."""
-        pos = self._pos
-        rng = ckpt_io.rng_state()
-        ranks = dist.all_gather_object(rng) if self.world_size > 1 else None
-        epoch_over = pos["phase"] == "trained" or (self.by_epoch and pos["phase"] == "validated")
-        done_epochs = pos["epoch"] + int(epoch_over)
-        state: dict[str, Any] = {
-            "format": ckpt_io.FORMAT,
-            "meta": {
-                "hookrun_version": _version(),
-                "epoch": done_epochs,
-                "iter": pos["iter"],
-                "time": time.time(),
-                "world_size": self.world_size,
-            },
-            "model": self.unwrapped_model.state_dict(),
-            "loop": dict(pos),
-            "rng": rng,
-            "plugins": {name: obj.state_dict() for name, obj in self.manager.stateful().items()},  # type: ignore[attr-defined]
-        }
-        if save_optimizer and self.optimizer is not None:
-            state["optimizer"] = self.optimizer.state_dict()
-        if self.scheduler is not None:
-            state["scheduler"] = self.scheduler.state_dict()
-        if self.scaler is not None:
-            state["scaler"] = self.scaler.state_dict()
-        if ranks is not None:
-            state["rng_ranks"] = ranks  # every rank resumes its own random streams
+        """Everything a checkpoint holds, after ``before_save_checkpoint`` edited it."""
+        state = run_state.collect(self, save_optimizer)
         self.hooks.before_save_checkpoint(runner=self, checkpoint=state)
         return state
 
@@ -257,24 +237,7 @@ class Runner:
         self.info(f"resumed from {path} at iteration {self.iter}")
 
     def _restore(self, checkpoint: dict[str, Any], resume: bool) -> None:
-        self.unwrapped_model.load_state_dict(checkpoint["model"])
-        if resume:
-            if self.optimizer is not None and "optimizer" in checkpoint:
-                self.optimizer.load_state_dict(checkpoint["optimizer"])
-            if self.scheduler is not None and "scheduler" in checkpoint:
-                self.scheduler.load_state_dict(checkpoint["scheduler"])
-            if self.scaler is not None and "scaler" in checkpoint:
-                self.scaler.load_state_dict(checkpoint["scaler"])
-            self._pos = dict(checkpoint["loop"])
-            self.iter = self._pos["iter"]
-            self.epoch = checkpoint["meta"]["epoch"]
-            for name, obj in self.manager.stateful().items():
-                if name in checkpoint.get("plugins", {}):
-                    obj.load_state_dict(checkpoint["plugins"][name])  # type: ignore[attr-defined]
-            ranks = checkpoint.get("rng_ranks") or [checkpoint["rng"]]
-            if len(ranks) != self.world_size:
-                self.info(f"checkpoint of {len(ranks)} process(es): rank 0's RNG streams used")
-            ckpt_io.set_rng_state(ranks[self.rank] if len(ranks) == self.world_size else ranks[0])
+        run_state.restore(self, checkpoint, resume)
         self.hooks.after_load_checkpoint(runner=self, checkpoint=checkpoint)
 
     # -- loops ---------------------------------------------------------------------------
@@ -451,8 +414,7 @@ class Runner:
         was_training = self.unwrapped_model.training
         dist.broadcast_buffers(self.unwrapped_model)
         self.unwrapped_model.eval()
-        sums: dict[str, torch.Tensor] = {}
-        count = torch.zeros((), dtype=torch.float64, device=self.device)
+        means = MetricMeans(self.device)
         with torch.no_grad():
             for batch_idx, batch in enumerate(loader.epoch_iter(0)):
                 batch = to_device(batch, self.device)
@@ -461,14 +423,10 @@ class Runner:
                     values = evaluation_values(
                         self.unwrapped_model, self.criterion, self.metrics, batch, mode
                     )
-                n = batch_size(batch)
-                for name, value in values.items():
-                    value = torch.as_tensor(value, device=self.device).detach().double().mean()
-                    sums[name] = sums[name] + value * n if name in sums else value * n
-                count += n
+                means.add(values, batch_size(batch))
                 after_iter(runner=self, batch_idx=batch_idx, batch=batch, outputs=values)
         self.unwrapped_model.train(was_training)
-        metrics = _reduce_means(sums, count)
+        metrics = means.result()
         if hooks:
             getattr(self.hooks, f"after_{mode}_epoch")(runner=self, metrics=metrics)
             self.last_metrics[mode] = dict(metrics)
@@ -481,77 +439,6 @@ class Runner:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
 
-    def _train_sampler(self, loader: Any) -> Any:
-        """A DistributedSampler when running under torchrun and the loader has none."""
-        from torch.utils.data import DistributedSampler, RandomSampler
-
-        if self.world_size == 1 or not isinstance(loader, torch.utils.data.DataLoader):
-            return None
-        if isinstance(loader.sampler, DistributedSampler) or loader.batch_size is None:
-            return None
-        shuffle = isinstance(loader.sampler, RandomSampler)
-        return DistributedSampler(loader.dataset, shuffle=shuffle, seed=self.seed)
-
-    def _shard_sampler(self, loader: Any) -> Any:
-        if self.world_size == 1 or not isinstance(loader, torch.utils.data.DataLoader):
-            return None
-        return ShardSampler(len(loader.dataset), self.rank, self.world_size)  # type: ignore[arg-type]
-
-
-def _reduce_means(sums: dict[str, torch.Tensor], count: torch.Tensor) -> dict[str, float]:
-    """Sample-weighted means over the pass and over ranks, in one host transfer."""
-    names = list(sums)
-    packed = torch.stack([*(sums[n] for n in names), count])
-    packed = dist.all_reduce_sum(packed)
-    values = packed.tolist()
-    total = values[-1] or 1.0
-    return {name: value / total for name, value in zip(names, values[:-1], strict=True)}
-
 
 def _no_hook(_hooks: object, _name: str) -> Callable[..., None]:
     return lambda **kwargs: None
-
-
-def _resolve_device(device: str | torch.device, local_rank: int) -> torch.device:
-    if str(device) == "auto":
-        return (
-            torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-        )
-    try:
-        return torch.device(device)
-    except RuntimeError as exc:
-        raise ConfigError(f"runner.device: {exc}") from None
-
-
-def _check_arguments(
-    max_epochs: int | None,
-    max_iters: int | None,
-    val_interval: int,
-    amp: str | None,
-    grad_accum: int,
-    scheduler_interval: str,
-) -> None:
-    errors = []
-    if max_epochs is not None and max_iters is not None:
-        errors.append("runner: give max_epochs or max_iters, not both")
-    for name, value in (("max_epochs", max_epochs), ("max_iters", max_iters)):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            errors.append(f"runner.{name}: must be an int >= 1 (got {value!r})")
-    if not isinstance(val_interval, int) or val_interval < 1:
-        errors.append(f"runner.val_interval: must be an int >= 1 (got {val_interval!r})")
-    if amp not in (None, "bf16", "fp16"):
-        errors.append(f"runner.amp: must be null, 'bf16' or 'fp16' (got {amp!r})")
-    if not isinstance(grad_accum, int) or grad_accum < 1:
-        errors.append(f"runner.grad_accum: must be an int >= 1 (got {grad_accum!r})")
-    if scheduler_interval not in ("epoch", "iter"):
-        errors.append(
-            f"runner.scheduler_interval: must be 'epoch' or 'iter' (got {scheduler_interval!r})"
-        )
-    if errors:
-        raise ConfigError(errors)
-
-
-def _version() -> str:
-    from hookrun import __version__
-
-    return __version__

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookrun.dist import all_reduce_sum
 from hookrun.errors import ConfigError
 
 
@@ -86,6 +87,29 @@ def evaluation_values(
     for name, fn in metrics.items():
         values[name] = fn(outputs, targets)
     return values
+
+
+class MetricMeans:
+    """Sample-weighted sums of per-batch metric values, kept on the device until the end of
+    the pass, then reduced over ranks and read to the host in one transfer."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.sums: dict[str, torch.Tensor] = {}
+        self.count = torch.zeros((), dtype=torch.float64, device=device)
+
+    def add(self, values: Mapping[str, Any], n: int) -> None:
+        for name, value in values.items():
+            value = torch.as_tensor(value, device=self.device).detach().double().mean() * n
+            self.sums[name] = self.sums[name] + value if name in self.sums else value
+        self.count += n
+
+    def result(self) -> dict[str, float]:
+        names = list(self.sums)
+        packed = all_reduce_sum(torch.stack([*(self.sums[n] for n in names), self.count]))
+        values = packed.tolist()
+        total = values[-1] or 1.0
+        return {name: value / total for name, value in zip(names, values[:-1], strict=True)}
 
 
 def batch_size(batch: Any) -> int:

@@ -1,0 +1,73 @@
+"""What a checkpoint holds and how it is put back: the runner's side of checkpoints.
+
+The file format and the I/O live in :mod:`hookrun.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from hookrun import checkpoint as ckpt_io
+from hookrun import dist
+
+if TYPE_CHECKING:
+    from hookrun.runner import Runner
+
+
+def collect(runner: Runner, save_optimizer: bool = True) -> dict[str, Any]:
+    """The full state of a run (format ``hookrun/1``), every rank's RNG streams included."""
+    pos = runner._pos
+    rng = ckpt_io.rng_state()
+    ranks = dist.all_gather_object(rng) if runner.world_size > 1 else None
+    epoch_over = pos["phase"] == "trained" or (runner.by_epoch and pos["phase"] == "validated")
+    state: dict[str, Any] = {
+        "format": ckpt_io.FORMAT,
+        "meta": {
+            "hookrun_version": _version(),
+            "epoch": pos["epoch"] + int(epoch_over),
+            "iter": pos["iter"],
+            "time": time.time(),
+            "world_size": runner.world_size,
+        },
+        "model": runner.unwrapped_model.state_dict(),
+        "loop": dict(pos),
+        "rng": rng,
+        "plugins": {name: obj.state_dict() for name, obj in runner.manager.stateful().items()},  # type: ignore[attr-defined]
+    }
+    if save_optimizer and runner.optimizer is not None:
+        state["optimizer"] = runner.optimizer.state_dict()
+    if runner.scheduler is not None:
+        state["scheduler"] = runner.scheduler.state_dict()
+    if runner.scaler is not None:
+        state["scaler"] = runner.scaler.state_dict()
+    if ranks is not None:
+        state["rng_ranks"] = ranks
+    return state
+
+
+def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
+    """Load the weights, and with ``resume`` everything else a run needs to continue exactly."""
+    runner.unwrapped_model.load_state_dict(checkpoint["model"])
+    if not resume:
+        return
+    for name in ("optimizer", "scheduler", "scaler"):
+        target = getattr(runner, name)
+        if target is not None and name in checkpoint:
+            target.load_state_dict(checkpoint[name])
+    runner._pos = dict(checkpoint["loop"])
+    runner.iter = runner._pos["iter"]
+    runner.epoch = checkpoint["meta"]["epoch"]
+    for name, obj in runner.manager.stateful().items():
+        if name in checkpoint.get("plugins", {}):
+            obj.load_state_dict(checkpoint["plugins"][name])  # type: ignore[attr-defined]
+    ranks = checkpoint.get("rng_ranks") or [checkpoint["rng"]]
+    if len(ranks) != runner.world_size:
+        runner.info(f"checkpoint of {len(ranks)} process(es): rank 0's RNG streams used")
+    ckpt_io.set_rng_state(ranks[runner.rank] if len(ranks) == runner.world_size else ranks[0])
+
+
+def _version() -> str:
+    from hookrun import __version__
+
+    return __version__
