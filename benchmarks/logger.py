@@ -54,9 +54,10 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
 
 
-def hand_loop(iters: int, timing: bool) -> float:
+def hand_loop(iters: int, timing: bool, probe: list[float] | None = None) -> tuple[float, float]:
     """What a user writes by hand: smoothed loss and lr (and, with ``timing``, the timer's
-    four figures) to TensorBoard and JSONL plus a console line every 50 iterations."""
+    four figures) to TensorBoard and JSONL plus a console line every 50 iterations.
+    ``probe``: a list that receives the seconds spent in the logging block."""
     model, loader = make_model(), make_data(iters)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     criterion = nn.CrossEntropyLoss()
@@ -66,7 +67,8 @@ def hand_loop(iters: int, timing: bool) -> float:
         losses: deque[torch.Tensor] = deque(maxlen=WINDOW)
         iter_times: deque[float] = deque(maxlen=WINDOW)
         data_times: deque[float] = deque(maxlen=WINDOW)
-        start = last = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
+        last = start
         for i, (x, y) in enumerate(loader):
             if timing:
                 fetched = time.perf_counter()
@@ -80,6 +82,8 @@ def hand_loop(iters: int, timing: bool) -> float:
                 now = time.perf_counter()
                 iter_times.append(now - last)
                 last = now
+            if probe is not None:
+                entered = time.perf_counter()
             if (i + 1) % INTERVAL == 0:
                 step = i + 1
                 values = {
@@ -97,10 +101,12 @@ def hand_loop(iters: int, timing: bool) -> float:
                 log.write(json.dumps({"step": step, "time": round(time.time(), 3), **values}))
                 log.write("\n")
                 print(f"iter {step}/{iters}  loss {values['train/loss']:.4f}")
-        elapsed = time.perf_counter() - start
+            if probe is not None:
+                probe.append(time.perf_counter() - entered)
+        elapsed = (time.perf_counter() - start, time.process_time() - start_cpu)
         tb.close()
         log.close()
-    return elapsed / iters
+    return elapsed[0] / iters, elapsed[1] / iters
 
 
 class Timing:
@@ -110,15 +116,21 @@ class Timing:
 
     @hookimpl
     def before_train_epoch(self) -> None:
-        self.start = time.perf_counter()
+        self.start = (time.perf_counter(), time.process_time())
 
     @hookimpl
     def after_train_epoch(self) -> None:
-        self.elapsed = time.perf_counter() - self.start
+        self.elapsed = (
+            time.perf_counter() - self.start[0],
+            time.process_time() - self.start[1],
+        )
 
 
-def runner_loop(iters: int, plugins: dict | None) -> tuple[float, list[str]]:
-    """Seconds per iteration of the Runner, and the plugins that were active."""
+def runner_loop(
+    iters: int, plugins: dict | None, probe: list[float] | None = None
+) -> tuple[tuple[float, float], list[str]]:
+    """Wall and CPU seconds per iteration of the Runner, and the plugins that were active.
+    ``probe``: a list that receives the seconds spent in the logger's hooks (profiled run)."""
     model = make_model()
     timing = Timing()
     with tempfile.TemporaryDirectory() as work_dir:
@@ -132,8 +144,13 @@ def runner_loop(iters: int, plugins: dict | None) -> tuple[float, list[str]]:
             plugins=plugins,
             hooks=[timing],
         )
+        runner.manager.stats.profile = probe is not None
         runner.train()
-    return timing.elapsed / iters, [name for name in runner.plugins if name != "Timing"]
+        if probe is not None:
+            stats = runner.manager.stats.per_hook.items()
+            probe.append(sum(secs for (owner, _), (_, secs) in stats if owner == "logger"))
+    wall, cpu = timing.elapsed
+    return (wall / iters, cpu / iters), [name for name in runner.plugins if name != "Timing"]
 
 
 def main() -> None:
@@ -162,7 +179,7 @@ def main() -> None:
         "hookrun, logger only": plain,
         "hookrun, default plugins": timed if timer else plain,
     }
-    times: dict[str, list[float]] = {name: [] for name in cases}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
     active: dict[str, list[str]] = {}
     with contextlib.redirect_stdout(io.StringIO()):  # the console lines of both sides
         for name, fn in cases.items():  # warm-up
@@ -170,17 +187,35 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, fn in cases.items():
                 times[name].append(fn()[0])
+        hand_probe: list[float] = []
+        logger_probe: list[float] = []
+        for _ in range(3):
+            hand_loop(n, timing=False, probe=hand_probe)
+            runner_loop(n, logger_only, probe=logger_probe)
     print(
         f"torch {torch.__version__}, {n} iterations x {args.repeats} alternating runs, 1 thread, "
         f"MLP {FEATURES}-{HIDDEN}-{CLASSES}, batch {BATCH}, log every {INTERVAL}"
     )
     print(f"default plugins: {', '.join(active['hookrun, default plugins'])}")
-    print(f"{'case':28s} {'us/iter':>9s} {'ratio':>7s}  (ratio to)")
-    for name, values in times.items():
-        median = statistics.median(values)
+    print("medians in us/iter; wall = perf_counter, cpu = process_time (all threads)")
+    print(f"{'case':28s} {'wall':>8s} {'ratio':>6s} {'cpu':>8s} {'ratio':>6s}  ratio to")
+    for name, runs in times.items():
+        wall = statistics.median(w for w, _ in runs)
+        cpu = statistics.median(c for _, c in runs)
+        line = f"{name:28s} {wall * 1e6:8.1f} {'':6s} {cpu * 1e6:8.1f} {'':6s}"
         ref = baseline.get(name)
-        ratio = f"{median / statistics.median(times[ref]):7.3f}  ({ref})" if ref else ""
-        print(f"{name:28s} {median * 1e6:9.1f} {ratio}")
+        if ref:
+            ref_wall = statistics.median(w for w, _ in times[ref])
+            ref_cpu = statistics.median(c for _, c in times[ref])
+            line = (
+                f"{name:28s} {wall * 1e6:8.1f} {wall / ref_wall:6.3f} "
+                f"{cpu * 1e6:8.1f} {cpu / ref_cpu:6.3f}  {ref}"
+            )
+        print(line)
+    print(
+        f"time in the logging code itself (3 runs, us/iter): hand loop's logging block "
+        f"{sum(hand_probe) / 3 / n * 1e6:.2f}, logger's hooks {sum(logger_probe) / 3 / n * 1e6:.2f}"
+    )
 
 
 if __name__ == "__main__":

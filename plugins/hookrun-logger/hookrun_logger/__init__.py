@@ -76,6 +76,7 @@ class Logger(Plugin):
         self.rate = 0.0  # iterations per second over the last interval
         self._mark = (0.0, 0)  # (clock, iteration) at the last interval
         self._eval: list[Any] | None = None  # [mode, batches done, total, clock] during val/test
+        self._lrs: list[Any] = []  # learning rates the interval's last iteration trains with
 
     @hookimpl
     def before_run(self, runner: Any) -> None:
@@ -103,6 +104,11 @@ class Logger(Plugin):
         self.values = {}
         if self.view is not None:
             self.view.start_training()
+
+    @hookimpl
+    def before_train_iter(self, runner: Any) -> None:
+        if (runner.iter + 1) % self.interval == 0 and runner.optimizer is not None:
+            self._lrs = [group["lr"] for group in runner.optimizer.param_groups]
 
     @hookimpl
     def after_train_iter(self, runner: Any) -> None:
@@ -147,7 +153,7 @@ class Logger(Plugin):
 
     def _log_interval(self, runner: Any) -> None:
         step = runner.iter + 1
-        values = read_scalars(runner, self.settings.window)
+        values = read_scalars(runner, self.settings.window, self._lrs)
         now = time.perf_counter()
         then, then_iter = self._mark
         self.rate = (step - then_iter) / (now - then) if now > then else 0.0
@@ -262,16 +268,15 @@ def resolve_display(progress: str, console: Console) -> str:
     return "bar" if console.is_terminal and not console.is_dumb_terminal else "lines"
 
 
-def read_scalars(runner: Any, window: int) -> dict[str, float]:
-    """Smoothed ``train/*`` scalars, learning rates, timer values and peak memory, read to the
-    host in one batched transfer (the window means are taken on the device first)."""
+def read_scalars(runner: Any, window: int, lrs: list[Any]) -> dict[str, float]:
+    """Smoothed ``train/*`` scalars, the learning rates ``lrs``, timer values and peak memory,
+    read to the host in one batched transfer (window means are taken on the device first)."""
     store = runner.scalars
     names = store.names()
     smoothed = [n for n in names if n.startswith("train/") and n not in TIMER_KEYS]
     timer = [n for n in TIMER_KEYS if n in names]
     pending = [window_mean(store.history(name)[-window:]) for name in smoothed]
     pending += [store.history(name)[-1] for name in timer]
-    lrs = [group["lr"] for group in runner.optimizer.param_groups] if runner.optimizer else []
     floats = to_floats(pending + lrs)
     out = dict(zip(smoothed, floats, strict=False))
     lr_values = floats[len(pending) :]
@@ -288,18 +293,15 @@ def read_scalars(runner: Any, window: int) -> dict[str, float]:
 
 def window_mean(values: list[Any]) -> Any:
     """Mean of numbers and/or tensors, in float64, left on the device: nothing is read here."""
-    first = values[0]
-    if isinstance(first, torch.Tensor) and all(
-        isinstance(v, torch.Tensor) and v.shape == first.shape and v.device == first.device
-        for v in values
-    ):
-        return torch.stack(values).to(torch.float64).mean()
-    total: Any = 0.0
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            value = value.detach().to(torch.float64).mean()
-        total = total + value
-    return total / len(values)
+    try:  # the usual case, same-shaped tensors on one device: two small ops
+        return torch.stack(values).mean(dtype=torch.float64)
+    except (TypeError, RuntimeError):  # python numbers, mixed shapes or devices
+        total: Any = 0.0
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                value = value.detach().to(torch.float64).mean()
+            total = total + value
+        return total / len(values)
 
 
 def plugin_table(runner: Any) -> list[dict[str, Any]]:

@@ -91,6 +91,15 @@ def test_learning_rates_per_group_when_they_differ(make_runner):
     assert not scalar_records(records, "train/lr")
 
 
+def test_learning_rate_is_the_one_the_logged_iteration_trained_with(make_runner):
+    runner = make_runner({"interval": 10, "progress": "off"}, scheduler_interval="iter")
+    runner.scheduler = torch.optim.lr_scheduler.LambdaLR(runner.optimizer, lambda i: 1 / (i + 1))
+    runner.train()  # iteration i (0-based) trains with 0.05 / (i + 1)
+    records = read_jsonl(runner.work_dir / "log.jsonl")
+    steps = [10, 20, 30, 40, 50]
+    assert scalar_records(records, "train/lr") == pytest.approx({s: 0.05 / s for s in steps})
+
+
 class FakeTimer:
     """Puts the timer's scalars as a timer plugin would, before the logger runs."""
 
