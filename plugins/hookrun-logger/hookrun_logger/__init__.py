@@ -12,7 +12,6 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, Literal
 
-import torch
 from pydantic import Field
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -20,7 +19,6 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from hookrun import Plugin, PluginSettings, Priority, hookimpl
-from hookrun.scalars import to_floats
 
 __all__ = ["Logger", "LoggerSettings"]
 
@@ -271,6 +269,12 @@ def resolve_display(progress: str, console: Console) -> str:
 def read_scalars(runner: Any, window: int, lrs: list[Any]) -> dict[str, float]:
     """Smoothed ``train/*`` scalars, the learning rates ``lrs``, timer values and peak memory,
     read to the host in one batched transfer (window means are taken on the device first)."""
+    # Imported here, as in window_mean: reading the settings (`hookrun plugins show`, config
+    # validation) then never imports torch.
+    import torch
+
+    from hookrun.scalars import to_floats
+
     store = runner.scalars
     names = store.names()
     smoothed = [n for n in names if n.startswith("train/") and n not in TIMER_KEYS]
@@ -293,6 +297,8 @@ def read_scalars(runner: Any, window: int, lrs: list[Any]) -> dict[str, float]:
 
 def window_mean(values: list[Any]) -> Any:
     """Mean of numbers and/or tensors, in float64, left on the device: nothing is read here."""
+    import torch
+
     try:  # the usual case, same-shaped tensors on one device: two small ops
         return torch.stack(values).mean(dtype=torch.float64)
     except (TypeError, RuntimeError):  # python numbers, mixed shapes or devices
