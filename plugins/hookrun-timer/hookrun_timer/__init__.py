@@ -268,7 +268,7 @@ class Segment:
         """Data time: since the previous iteration ended, less the hooks run in between."""
         data = time.perf_counter() - self.mark - (self.stats.total - self.hooks_mark)
         self.data_now = data if data > 0.0 else 0.0
-        self.batch_samples = batch_size(batch) * self.world_size
+        self.batch_samples = samples(batch) * self.world_size
 
     def iteration_done(self) -> None:
         now = time.perf_counter()
@@ -369,6 +369,14 @@ class Lazy:
 
     def __float__(self) -> float:
         return float(getattr(self.window, self.what)())
+
+
+def samples(batch: Any) -> int:
+    """Samples in a batch; the common ``(inputs, targets)`` case without the general walk."""
+    first = batch[0] if type(batch) in (tuple, list) and batch else batch
+    if type(first) is torch.Tensor and first.ndim:
+        return first.shape[0]
+    return batch_size(batch)
 
 
 def record_event() -> Any:
