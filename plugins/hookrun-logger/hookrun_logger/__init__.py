@@ -301,12 +301,13 @@ def window_mean(values: list[Any]) -> Any:
 
     try:  # the usual case, same-shaped tensors on one device: two small ops
         return torch.stack(values).mean(dtype=torch.float64)
-    except (TypeError, RuntimeError):  # python numbers, mixed shapes or devices
+    except (TypeError, RuntimeError):  # numbers (or objects with __float__), mixed tensors
         total: Any = 0.0
         for value in values:
             if isinstance(value, torch.Tensor):
-                value = value.detach().to(torch.float64).mean()
-            total = total + value
+                total = total + value.detach().to(torch.float64).mean()
+            else:
+                total = total + float(value)
         return total / len(values)
 
 

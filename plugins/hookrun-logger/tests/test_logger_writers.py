@@ -138,3 +138,20 @@ def test_window_longer_than_the_scalar_store_default(make_runner, recorder):
     records = read_jsonl(runner.work_dir / "log.jsonl")
     expected = {s: recorder.smoothed("loss", s, window=150) for s in (50, 100, 150, 200)}
     assert scalar_records(records, "train/loss") == pytest.approx(expected, rel=1e-12)
+
+
+class MixedScalar:
+    """Another plugin's scalar, put as a tensor on even iterations and a float on odd ones."""
+
+    @hookimpl
+    def after_train_iter(self, runner) -> None:
+        i = runner.iter
+        runner.scalars.put("train/custom", torch.tensor(float(i)) if i % 2 == 0 else float(i))
+
+
+def test_other_train_scalars_are_smoothed_too_even_when_mixed(make_runner):
+    runner = make_runner({"interval": 10, "window": 4, "progress": "off"}, hooks=[MixedScalar()])
+    runner.train()
+    records = read_jsonl(runner.work_dir / "log.jsonl")
+    # the window ending at step s holds iterations s-4 .. s-1: mean s - 2.5
+    assert scalar_records(records, "train/custom") == {s: s - 2.5 for s in (10, 20, 30, 40, 50)}
