@@ -1,0 +1,493 @@
+"""The ``hookrun`` command line: train, evaluate, inspect plugins, hooks and configs.
+
+Exit codes: 0 success, 1 training failed (the traceback is shown), 2 a usage or config
+error (one line per problem on stderr, no traceback). Only click and the standard library
+are imported at start-up; ``plugins list`` stays on entry-point metadata (no torch,
+pydantic, pluggy or plugin import). Under torchrun only rank 0 prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hookrun.errors import HookrunError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def echo(message: str = "", err: bool = False) -> None:
+    """Print on rank 0 only."""
+    if _rank() == 0:
+        click.echo(message, err=err)
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    """Plain aligned columns (rich would cost start-up time in ``plugins list``)."""
+    cells = [header, *rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -- the command group ---------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="hookrun", prog_name="hookrun")
+def cli() -> None:
+    """hookrun: train PyTorch models from a YAML config with installable plugins."""
+
+
+config_argument = click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config value (dotted key, YAML value); repeatable: --set runner.seed=1",
+)
+work_dir_option = click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Run folder (overrides runner.work_dir); relative to the current directory.",
+)
+
+
+@cli.command()
+@config_argument
+@set_option
+@click.option(
+    "--resume",
+    metavar="auto|PATH",
+    help="Continue a run: 'auto' takes the newest loadable checkpoint of the work dir "
+    "(fresh start when there is none), or give a checkpoint file.",
+)
+@work_dir_option
+@click.option("-v", "--verbose", is_flag=True, help="Print which plugin serves which hook point.")
+def train(
+    config: Path,
+    overrides: Sequence[str],
+    resume: str | None,
+    work_dir: Path | None,
+    verbose: bool,
+) -> None:
+    """Train the task of CONFIG, then test it when the task has a test_dataloader.
+
+    Refuses a work dir that already holds files unless --resume is given, so no run is
+    ever overwritten.
+    """
+    from hookrun import config as cfg
+
+    loaded = cfg.load(config, overrides, work_dir)
+    out = loaded.work_dir
+    if resume is None:
+        _check_fresh_work_dir(out)
+    elif resume != "auto" and not Path(resume).is_file():
+        raise HookrunError(f"--resume: checkpoint not found: {resume}")
+    runner = _build_runner(loaded)
+    from hookrun import dist
+
+    dist.barrier()  # every rank checked the work dir before rank 0 writes into it
+    if runner.is_main:
+        from hookrun.checkpoint import atomic_write_text
+
+        out.mkdir(parents=True, exist_ok=True)
+        text = "# resolved by `hookrun train`\n" + _yaml(loaded.resolved())
+        atomic_write_text(text, out / "config.yaml")
+    if verbose:
+        _print_hook_table(runner)
+    runner.train(resume=resume)
+    test = runner.test() if runner.test_dataloader is not None else None
+    _print_summary(runner, runner.last_metrics.get("val"), test)
+
+
+def _check_fresh_work_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise HookrunError(f"work dir {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        raise HookrunError(
+            f"work dir {out} already holds a run; continue it with `--resume auto`, "
+            "or start a new one with another `--work-dir` (or delete the folder)"
+        )
+
+
+@cli.command(name="val")
+@config_argument
+@click.option("--checkpoint", required=True, metavar="PATH", help="Checkpoint file to evaluate.")
+@set_option
+@work_dir_option
+def val_command(
+    config: Path, checkpoint: str, overrides: Sequence[str], work_dir: Path | None
+) -> None:
+    """Evaluate a checkpoint on the task's val_dataloader."""
+    _evaluate(config, checkpoint, overrides, work_dir, "val")
+
+
+@cli.command(name="test")
+@config_argument
+@click.option("--checkpoint", required=True, metavar="PATH", help="Checkpoint file to evaluate.")
+@set_option
+@work_dir_option
+def test_command(
+    config: Path, checkpoint: str, overrides: Sequence[str], work_dir: Path | None
+) -> None:
+    """Evaluate a checkpoint on the task's test_dataloader."""
+    _evaluate(config, checkpoint, overrides, work_dir, "test")
+
+
+def _evaluate(
+    config: Path, checkpoint: str, overrides: Sequence[str], work_dir: Path | None, mode: str
+) -> None:
+    from hookrun import config as cfg
+
+    loaded = cfg.load(config, overrides, work_dir)
+    if not Path(checkpoint).is_file():
+        raise HookrunError(f"--checkpoint: file not found: {checkpoint}")
+    runner = _build_runner(loaded)
+    if getattr(runner, f"{mode}_dataloader") is None:
+        raise HookrunError(f"task: {loaded.data['task']} returned no {mode}_dataloader")
+    # resume=True restores plugin state too (an EMA evaluates with its averaged weights)
+    runner.load_checkpoint(checkpoint, resume=True)
+    metrics = runner.val() if mode == "val" else runner.test()
+    _print_summary(runner, metrics if mode == "val" else None, metrics if mode == "test" else None)
+
+
+def _build_runner(loaded: Any) -> Any:
+    """Seed, build the task's objects, construct the Runner (which joins torchrun's group)."""
+    from hookrun import config as cfg
+    from hookrun.data import seed_all
+    from hookrun.runner import Runner
+
+    task = loaded.data["task"]
+    build = cfg.load_task(task, loaded.path)
+    seed_all(loaded.runner["seed"])  # before the task builds (and initialises) the model
+    objects = cfg.check_task_result(build(**loaded.data["task_args"]), task)
+    hooks = objects.pop("hooks", None) or ()
+    return Runner(
+        **objects,
+        **loaded.runner,
+        plugins=loaded.data["plugins"],
+        hooks=hooks,
+        config=loaded.resolved(),
+    )
+
+
+def _print_hook_table(runner: Any) -> None:
+    rows = [[hook, ", ".join(names)] for hook, names in runner.manager.table() if names]
+    echo(_table(rows, ["hook point", "plugins in call order"]))
+
+
+def _print_summary(
+    runner: Any, val: dict[str, float] | None, test: dict[str, float] | None
+) -> None:
+    if not runner.is_main:
+        return
+    from rich.table import Table
+
+    table = Table(title="final metrics")
+    table.add_column("metric")
+    columns = [(name, m) for name, m in (("val", val), ("test", test)) if m]
+    for name, _ in columns:
+        table.add_column(name, justify="right")
+    for key in dict.fromkeys(k for _, m in columns for k in m):
+        table.add_row(key, *(f"{m[key]:.4f}" if key in m else "" for _, m in columns))
+    console = runner.console
+    if columns:
+        console.print(table)
+    work_dir = runner.work_dir
+    console.print(f"run folder:   {work_dir}", markup=False)
+    console.print(f"JSONL log:    {work_dir / 'log.jsonl'}", markup=False)
+    console.print(f"checkpoints:  {runner.checkpoint_dir}", markup=False)
+    console.print(f"TensorBoard:  tensorboard --logdir {work_dir / 'tensorboard'}", markup=False)
+
+
+def _yaml(data: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+# -- plugins -------------------------------------------------------------------------------
+
+
+@cli.group()
+def plugins() -> None:
+    """Installed plugins (entry points of the hookrun.plugins group)."""
+
+
+@plugins.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per plugin.")
+@click.option(
+    "--load",
+    is_flag=True,
+    help="Import each plugin: add priority, default state, hook points and load errors.",
+)
+def plugins_list(as_json: bool, load: bool) -> None:
+    """List installed plugins; fast, from package metadata only unless --load is given."""
+    from hookrun.discovery import blocked_plugins, installed_plugins
+
+    found = installed_plugins()
+    blocked = blocked_plugins()
+    rows: list[dict[str, Any]] = [info.as_row() for info in found.values()]
+    if load:
+        for row in rows:
+            row.update(_inspect_plugin(row["name"], found, blocked))
+    if as_json:
+        echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        echo("no plugins installed (pip install hookrun-logger, hookrun-checkpoint, ...)")
+        return
+    header = ["name", "distribution", "version", "entry point"]
+    table = [[r["name"], r["distribution"], r["version"], r["entry_point"]] for r in rows]
+    if load:
+        header += ["priority", "default", "hooks", "status"]
+        for line, r in zip(table, rows, strict=True):
+            line += [
+                "" if r["priority"] is None else str(r["priority"]),
+                {True: "on", False: "off", None: ""}[r["enabled_by_default"]],
+                str(len(r["hooks"])),
+                r["status"],
+            ]
+    else:
+        for line, r in zip(table, rows, strict=True):
+            if r["name"] in blocked:
+                line[0] += " (blocked)"
+    echo(_table(table, header))
+    if load:
+        _print_call_order(rows)
+
+
+def _inspect_plugin(name: str, found: dict[str, Any], blocked: set[str]) -> dict[str, Any]:
+    """Import one plugin and describe it; errors are reported, never raised."""
+    info: dict[str, Any] = {
+        "priority": None,
+        "enabled_by_default": None,
+        "hooks": [],
+        "status": "ok",
+        "error": None,
+    }
+    if name in blocked:
+        info["status"] = "blocked by HOOKRUN_DISABLE_PLUGINS"
+        return info
+    from hookrun.manager import check_hookimpls, hook_points
+
+    try:
+        cls = found[name].entry_point.load()
+        instance = cls(cls.Settings())
+    except Exception as exc:  # a broken third-party package: report it, keep listing
+        info["status"] = "error"
+        info["error"] = f"failed to import: {type(exc).__name__}: {exc}"
+        return info
+    import pluggy
+
+    from hookrun import hookspecs
+
+    pm = pluggy.PluginManager("hookrun")
+    pm.add_hookspecs(hookspecs)
+    problems = check_hookimpls(pm, name, instance)
+    implemented = {
+        (pm.parse_hookimpl_opts(instance, attr) or {}).get("specname") or attr
+        for attr in dir(instance)
+        if not attr.startswith("__") and pm.parse_hookimpl_opts(instance, attr) is not None
+    }
+    info["priority"] = int(cls.priority)
+    info["enabled_by_default"] = bool(cls.enabled_by_default)
+    info["hooks"] = [hook for hook in hook_points() if hook in implemented]
+    if problems:
+        info["status"] = "error"
+        info["error"] = "; ".join(problems)
+    return info
+
+
+def _print_call_order(rows: list[dict[str, Any]]) -> None:
+    """Each hook point with the plugins serving it, lowest priority number first (ties by
+    name), as a run with all of them enabled calls them."""
+    from hookrun.manager import hook_points
+
+    usable = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["priority"])
+    table = []
+    for hook in hook_points():
+        names = [f"{r['name']} ({r['priority']})" for r in usable if hook in r["hooks"]]
+        if names:
+            table.append([hook, ", ".join(names)])
+    echo()
+    echo(_table(table, ["hook point", "plugins in call order (priority)"]))
+    for r in rows:
+        if r["error"]:
+            echo(f"{r['name']} ({r['distribution']}): {r['error']}", err=True)
+
+
+@plugins.command(name="show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+def plugins_show(name: str, as_json: bool) -> None:
+    """Describe one plugin: settings with type, default, constraints and description."""
+    from hookrun.discovery import blocked_plugins, installed_plugins, unknown_plugin_message
+
+    found = installed_plugins()
+    if name not in found:
+        raise HookrunError(unknown_plugin_message(name, "plugins show", found))
+    info = _inspect_plugin(name, found, set())
+    if info["error"]:
+        raise HookrunError(f"plugins show {name}: {info['error']}")
+    from hookrun.config import settings_rows
+
+    cls = found[name].entry_point.load()
+    doc = " ".join((cls.__doc__ or "").split())
+    result = {
+        **found[name].as_row(),
+        "description": doc,
+        "priority": info["priority"],
+        "enabled_by_default": info["enabled_by_default"],
+        "blocked": name in blocked_plugins(),
+        "hooks": info["hooks"],
+        "settings": settings_rows(cls.Settings),
+    }
+    if as_json:
+        echo(json.dumps(result, indent=2))
+        return
+    echo(f"{name}  ({result['distribution']} {result['version']}, {result['entry_point']})")
+    if doc:
+        echo(doc)
+    state = "on" if result["enabled_by_default"] else "off"
+    echo(f"priority {result['priority']}; enabled by default: {state}")
+    echo(f"hook points: {', '.join(result['hooks'])}")
+    echo()
+    rows = [
+        [r["name"], r["type"], r["default"], r["constraints"], r["description"]]
+        for r in result["settings"]
+    ]
+    if rows:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("setting", "type", "default", "constraints", "description", show_lines=True)
+        for row in rows:
+            table.add_row(*row)
+        Console(highlight=False).print(table)
+    else:
+        echo("no settings")
+
+
+@plugins.command(name="new")
+@click.argument("name")
+@click.option(
+    "--dir", "directory", default=".", type=click.Path(file_okay=False), help="Parent folder."
+)
+def plugins_new(name: str, directory: str) -> None:
+    """Write a ready-to-install plugin package hookrun-NAME (pyproject, module, test)."""
+    from hookrun.scaffold import new_plugin
+
+    root = new_plugin(name, directory)
+    echo(f"wrote {root}; next: pip install -e {root} && hookrun plugins show {name}")
+
+
+# -- hooks and config ----------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Name, arguments and docs as JSON.")
+def hooks(as_json: bool) -> None:
+    """Every hook point with its arguments and documentation, in call order."""
+    import inspect
+
+    from hookrun import hookspecs
+    from hookrun.manager import hook_arguments, hook_points
+
+    entries = [
+        {
+            "name": name,
+            "arguments": hook_arguments(name),
+            "doc": inspect.cleandoc(getattr(hookspecs, name).__doc__ or ""),
+        }
+        for name in hook_points()
+    ]
+    if as_json:
+        echo(json.dumps(entries, indent=2))
+        return
+    for entry in entries:
+        echo(click.style(f"{entry['name']}({', '.join(entry['arguments'])})", bold=True))
+        for line in entry["doc"].splitlines():
+            echo(f"    {line}".rstrip())
+        echo()
+
+
+@cli.group(name="config")
+def config_group() -> None:
+    """Check config files and print their JSON Schema."""
+
+
+@config_group.command(name="validate")
+@config_argument
+@set_option
+def config_validate(config: Path, overrides: Sequence[str]) -> None:
+    """Check CONFIG (and overrides) without training: exit 0 when valid, otherwise 2 with
+    one line per error."""
+    from hookrun import config as cfg
+
+    loaded = cfg.load(config, overrides)
+    named = [name for name, value in loaded.data["plugins"].items() if value is not False]
+    echo(f"{config}: valid (task {loaded.data['task']}; plugins named: {', '.join(named) or '-'})")
+
+
+@config_group.command(name="schema")
+def config_schema() -> None:
+    """Print the JSON Schema of config files, installed plugins' settings included."""
+    from hookrun import config as cfg
+
+    echo(json.dumps(cfg.schema(), indent=2))
+
+
+# -- entry point ---------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the CLI and turn errors into exit codes: 2 for usage/config, 1 for failures."""
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="hookrun",
+                 standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        if _rank() == 0:
+            exc.show()
+        sys.exit(EXIT_USAGE)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        echo("interrupted", err=True)
+        sys.exit(130)
+    except HookrunError as exc:
+        for line in exc.lines:
+            echo(f"error: {line}", err=True)
+        sys.exit(EXIT_USAGE)
+    except Exception as exc:
+        _print_failure(exc)
+        sys.exit(EXIT_FAILED)
+    sys.exit(EXIT_OK)
+
+
+def _print_failure(exc: BaseException) -> None:
+    """The traceback without the CLI's own frames: it starts where hookrun or the user's
+    code raised. Every rank prints its own (they may differ)."""
+    tb = exc.__traceback__
+    skipped = (str(Path(click.__file__).parent), __file__)
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(
+        skipped
+    ):
+        tb = tb.tb_next
+    rank = f" on rank {_rank()}" if "RANK" in os.environ else ""
+    print(f"hookrun: training failed{rank}:", file=sys.stderr)
+    traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
