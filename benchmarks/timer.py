@@ -2,9 +2,11 @@
 
 Three Runner configurations train the same model on the same batches, each with an ad-hoc
 hook reading the loss every 50 iterations (as a logger would): no plugins, the timer, and
-the timer with ``profile_hooks: true``. Runs alternate and medians are reported. The timer's
-own hook time per iteration, measured by the hook profile, is printed as well: it is the
-direct figure, while the difference of medians also shows the noise of the machine.
+the timer with ``profile_hooks: true``. Runs alternate and medians are reported, of wall time
+and of the main thread's CPU time (``time.thread_time``: with one intra-op thread and
+``num_workers=0`` all the work runs there, and other processes on a shared machine barely
+move it). The timer's own hook time per iteration, measured by the hook profile, is printed
+as well.
 
     python benchmarks/timer.py [--iters 3000] [--repeats 7]
 """
@@ -48,21 +50,23 @@ class ReadLoss:
 
 
 class Timing:
-    """Times the epoch from its first hook call to its end."""
+    """Times the epoch from its first hook call to its end: wall and thread CPU seconds."""
 
     priority = 0
 
     @hookimpl
     def before_train_epoch(self) -> None:
-        self.start = time.perf_counter()
+        self.start = (time.perf_counter(), time.thread_time())
 
     @hookimpl
     def after_train_epoch(self) -> None:
-        self.elapsed = time.perf_counter() - self.start
+        self.wall = time.perf_counter() - self.start[0]
+        self.cpu = time.thread_time() - self.start[1]
 
 
-def run(iters: int, plugins: dict[str, Any]) -> tuple[float, float]:
-    """Seconds per iteration, and the timer's own hook seconds per iteration (profiled runs)."""
+def run(iters: int, plugins: dict[str, Any]) -> tuple[float, float, float]:
+    """Wall and CPU seconds per iteration, and the timer's own hook seconds per iteration
+    (known in profiled runs only)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
     timing = Timing()
@@ -84,7 +88,7 @@ def run(iters: int, plugins: dict[str, Any]) -> tuple[float, float]:
         per_hook.get(("timer", hook), (0, 0.0))[1]
         for hook in ("before_train_iter", "after_train_iter")
     )
-    return timing.elapsed / iters, own / iters
+    return timing.wall / iters, timing.cpu / iters, own / iters
 
 
 def main() -> None:
@@ -99,26 +103,30 @@ def main() -> None:
         "timer": {"timer": {}},
         "timer, profile_hooks": {"timer": {"profile_hooks": True}},
     }
-    times: dict[str, list[float]] = {name: [] for name in cases}
+    wall: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
     own: list[float] = []
     with contextlib.redirect_stdout(io.StringIO()):  # the timer's summary lines
         for plugins in cases.values():  # warm-up
             run(args.iters, plugins)
         for _ in range(args.repeats):
             for name, plugins in cases.items():
-                seconds, timer_seconds = run(args.iters, plugins)
-                times[name].append(seconds)
+                wall_s, cpu_s, timer_seconds = run(args.iters, plugins)
+                wall[name].append(wall_s)
+                cpu[name].append(cpu_s)
                 if plugins.get("timer", {}).get("profile_hooks"):
                     own.append(timer_seconds)
-    base = statistics.median(times["no plugins"])
     print(
         f"torch {torch.__version__}, {args.iters} iterations x {args.repeats} alternating runs, "
         f"1 thread, MLP {FEATURES}-{HIDDEN}-{CLASSES}, batch {BATCH}"
     )
-    print(f"{'case':24s} {'us/iter':>9s} {'+us/iter':>9s} {'ratio':>7s}")
-    for name, values in times.items():
-        median = statistics.median(values)
-        print(f"{name:24s} {median * 1e6:9.1f} {(median - base) * 1e6:+9.1f} {median / base:7.3f}")
+    for clock, times in (("wall", wall), ("thread CPU", cpu)):
+        base = statistics.median(times["no plugins"])
+        print(f"{clock + ' time':24s} {'us/iter':>9s} {'+us/iter':>9s} {'ratio':>7s}")
+        for name, values in times.items():
+            median = statistics.median(values)
+            extra = (median - base) * 1e6
+            print(f"{name:24s} {median * 1e6:9.1f} {extra:+9.1f} {median / base:7.3f}")
     print(
         f"timer's own hooks (before/after_train_iter, from the profile): "
         f"{statistics.median(own) * 1e6:.1f} us/iter"

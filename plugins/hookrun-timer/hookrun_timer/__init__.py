@@ -81,15 +81,12 @@ class Timer(Plugin):
         self.totals: dict[str, float] = dict.fromkeys(TOTAL_KEYS, 0.0)  # earlier segments
         self.profile_rows: dict[tuple[str, str], list[float]] = {}  # earlier segments
         self.segment: Segment | None = None
+        self.profile_was = False  # the core's profiling switch before this run turned it on
 
     @hookimpl
     def before_run(self, runner: Any) -> None:
         if runner.mode != "train":
             return
-        stats = runner.manager.stats
-        self._profile_was = stats.profile
-        if self.settings.profile_hooks:
-            stats.profile = True
         use_events = self.settings.cuda_events
         if use_events is True and runner.device.type != "cuda":
             raise ConfigError(
@@ -97,6 +94,10 @@ class Timer(Plugin):
                 f"{runner.device})"
             )
         use_events = runner.device.type == "cuda" and use_events is not False
+        stats = runner.manager.stats
+        self.profile_was = stats.profile
+        if self.settings.profile_hooks:
+            stats.profile = True
         self.segment = Segment(runner, self.settings, use_events)
 
     @hookimpl
@@ -141,15 +142,22 @@ class Timer(Plugin):
 
     @hookimpl
     def after_run(self, runner: Any) -> None:
-        segment = self.segment
-        if segment is None:
-            return
+        if self.segment is not None:
+            self.close_segment(runner)
+            if runner.is_main:
+                self.report(runner)
+
+    @hookimpl
+    def on_exception(self, runner: Any) -> None:
+        """Keep the totals so far (an emergency checkpoint saves them) and stop profiling."""
+        if self.segment is not None:
+            self.close_segment(runner)
+
+    def close_segment(self, runner: Any) -> None:
         self.totals = self.current_totals()
         self.profile_rows = self.current_profile()
         self.segment = None
-        runner.manager.stats.profile = self._profile_was
-        if runner.is_main:
-            self.report(runner)
+        runner.manager.stats.profile = self.profile_was
 
     def state_dict(self) -> dict[str, Any]:
         """Totals up to now (this process's running segment included), for resumed runs."""
