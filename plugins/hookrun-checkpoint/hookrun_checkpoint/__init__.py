@@ -1,0 +1,584 @@
+"""hookrun-checkpoint: periodic, best and emergency checkpoints, keep-N, preemption-safe.
+
+The plugin decides when, where and how many; the core writes (``runner.checkpoint_state``,
+``hookrun.checkpoint.write``), so every file is atomic and loads with ``weights_only=True``.
+After each file is complete, and in this order, the ``latest`` pointer is replaced and the
+files ``max_keep`` lets go are deleted: a crash at any moment leaves ``latest`` naming a
+complete checkpoint. The bookkeeping (rotating files, best scores) is plugin state, stored in
+every checkpoint, so it survives a resume.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, ValidationInfo, field_validator
+
+from hookrun import CheckpointError, ConfigError, Plugin, PluginSettings, Priority, dist, hookimpl
+from hookrun import checkpoint as ckpt_io
+
+__all__ = ["Checkpoint", "CheckpointSettings"]
+
+# Metric names that tell ``rule: auto`` which way is better; "less" hints are tried first
+# so that "top1_error" is less-is-better.
+LESS_HINTS = ("loss", "err", "mse", "mae", "perplexity", "ppl", "wer", "cer", "fid", "nll")
+GREATER_HINTS = (
+    "acc", "top", "auc", "precision", "recall", "f1", "map", "iou", "dice", "bleu", "rouge",
+    "score", "psnr", "ssim", "r2",
+)  # fmt: skip
+UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
+STALE_TEMP = re.compile(r"\.(?:[\w.-]+\.pt|latest)\..+\.tmp")
+
+
+class CheckpointSettings(PluginSettings):
+    """Settings of the ``checkpoint`` plugin."""
+
+    interval: int = Field(
+        1, ge=1, description="Save every `interval` epochs (`by_epoch: true`) or iterations."
+    )
+    by_epoch: bool = Field(
+        True,
+        description="`true`: save `epoch_<N>.pt` at the end of every `interval`-th epoch; "
+        "`false`: save `iter_<N>.pt` after every `interval`-th iteration (N counts completed "
+        "epochs or iterations).",
+    )
+    max_keep: int | None = Field(
+        None,
+        ge=1,
+        description="Keep only the newest `max_keep` periodic checkpoints (`null`: keep all). "
+        "The checkpoint the run resumed from and every `best_<metric>.pt` are always kept "
+        "besides them.",
+    )
+    save_last: bool = Field(
+        True,
+        description="Also save at the end of training when the last epoch or iteration is not "
+        "a multiple of `interval`.",
+    )
+    save_best: str | list[str] | None = Field(
+        None,
+        description="Validation metric(s) whose best value is kept in `best_<metric>.pt`, "
+        "replaced whenever the metric improves; `auto` takes the first metric validation "
+        "reports; `null`: no best checkpoint.",
+    )
+    rule: Literal["greater", "less", "auto"] = Field(
+        "auto",
+        description="Whether a greater or a smaller `save_best` metric is better; `auto` "
+        "decides from the name (loss, error, mse, ...: less; accuracy, auc, f1, map, iou, ...: "
+        "greater).",
+    )
+    save_optimizer: bool = Field(
+        True,
+        description="Store the optimizer state too; without it a resumed run restarts the "
+        "optimizer's moments, so it is no longer exact.",
+    )
+    out_dir: str | None = Field(
+        None,
+        min_length=1,
+        description="Folder of the checkpoints; relative paths are inside `work_dir`. Default "
+        "`<work_dir>/checkpoints`. `resume: auto` looks here.",
+    )
+    save_on_exception: bool = Field(
+        True,
+        description="When training raises (Ctrl-C included), save "
+        "`emergency_iter_<N>.pt` before the exception goes on.",
+    )
+    save_on_signal: list[str] = Field(
+        ["SIGTERM"],
+        description="Signals that mean 'preempted': finish the current iteration, save, stop "
+        "and exit with the signal's status. The handlers are installed for the run only. `[]` "
+        "leaves signals alone.",
+    )
+    async_save: bool = Field(
+        False,
+        description="Copy the state to host memory and write the file in a background thread, "
+        "one write at a time; training only stalls for the copy.",
+    )
+
+    @field_validator("save_best")
+    @classmethod
+    def _check_metrics(cls, value: str | list[str] | None) -> str | list[str] | None:
+        names = [value] if isinstance(value, str) else value or []
+        if isinstance(value, list) and not value:
+            raise ValueError("give at least one metric name, or null")
+        if any(not name.strip() for name in names):
+            raise ValueError("metric names must not be empty")
+        if isinstance(value, list) and "auto" in value and len(value) > 1:
+            raise ValueError("'auto' stands alone, not in a list of names")
+        return value
+
+    @field_validator("rule")
+    @classmethod
+    def _check_rule(cls, value: str, info: ValidationInfo) -> str:
+        best = info.data.get("save_best")
+        if value == "auto" and best not in (None, "auto"):
+            for name in [best] if isinstance(best, str) else best:
+                if guess_rule(name) is None:
+                    raise ValueError(
+                        f"cannot tell from the metric name {name!r} whether greater or less is "
+                        "better; set rule: greater or rule: less"
+                    )
+        return value
+
+    @field_validator("save_on_signal")
+    @classmethod
+    def _check_signals(cls, value: list[str]) -> list[str]:
+        names = []
+        for raw in value:
+            name = raw.upper() if raw.upper().startswith("SIG") else "SIG" + raw.upper()
+            if name in UNCATCHABLE or name not in signal.Signals.__members__:
+                raise ValueError(f"{raw!r} is not a signal this platform can catch")
+            names.append(name)
+        return names
+
+
+class Checkpoint(Plugin):
+    """Saves checkpoints by epoch or iteration, the best ones, and on exceptions and signals."""
+
+    name = "checkpoint"
+    Settings = CheckpointSettings
+    priority = Priority.VERY_LOW  # saves after every other plugin has updated its state
+    enabled_by_default = True
+
+    def __init__(self, settings: CheckpointSettings | None = None) -> None:
+        super().__init__(settings)
+        self.kept: list[str] = []  # files max_keep rotates, oldest first
+        self.best: dict[str, dict[str, Any]] = {}  # metric -> score, file, rule, epoch, iter
+        self.latest: str | None = None
+        self.out_dir = Path("checkpoints")
+        self.protected: str | None = None  # the file this run resumed from
+        self.training = False
+        self.stopped = False  # the signal checkpoint is saved: no more saves this run
+        self.signals = SignalCatcher()
+        self.writer = BackgroundWriter()
+
+    # -- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kept": list(self.kept),
+            "best": {metric: dict(entry) for metric, entry in self.best.items()},
+            "latest": self.latest,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.kept = list(state.get("kept", []))
+        self.best = {metric: dict(entry) for metric, entry in state.get("best", {}).items()}
+        self.latest = state.get("latest")
+
+    # -- hooks ---------------------------------------------------------------------------
+
+    @hookimpl
+    def before_run(self, runner: Any) -> None:
+        out_dir = Path(self.settings.out_dir or "checkpoints")
+        self.out_dir = out_dir if out_dir.is_absolute() else runner.work_dir / out_dir
+        runner.checkpoint_dir = self.out_dir
+        if runner.mode != "train":
+            return
+        self.training = self.stopped = False
+        if runner.is_main and self.out_dir.is_dir():
+            for leftover in self.out_dir.iterdir():  # temporary files of a killed write
+                if STALE_TEMP.fullmatch(leftover.name):
+                    leftover.unlink(missing_ok=True)
+        if not self.signals.install(self.settings.save_on_signal, runner.world_size > 1):
+            runner.info("checkpoint: not in the main thread, so save_on_signal is not active")
+
+    @hookimpl
+    def before_train(self, runner: Any) -> None:
+        """Forget files that are gone and protect the one this run resumed from."""
+        self.training = True
+        self.kept = [name for name in self.kept if (self.out_dir / name).is_file()]
+        self.best = {m: e for m, e in self.best.items() if (self.out_dir / e["file"]).is_file()}
+        resumed = runner.resumed_from
+        same_dir = resumed is not None and resumed.parent.resolve() == self.out_dir.resolve()
+        self.protected = resumed.name if same_dir else None
+        if self.settings.save_best and runner.val_dataloader is None:
+            runner.info("checkpoint: save_best is set but there is no val_dataloader")
+
+    @hookimpl
+    def after_train_iter(self, runner: Any) -> None:
+        s = self.settings
+        due = not s.by_epoch and (
+            runner.every_n_iters(s.interval) or (s.save_last and runner.is_last_iter())
+        )
+        self._save_and_maybe_stop(runner, due)
+
+    @hookimpl
+    def after_train_epoch(self, runner: Any) -> None:
+        if self.stopped:
+            return
+        s = self.settings
+        due = s.by_epoch and (
+            runner.every_n_epochs(s.interval) or (s.save_last and runner.is_last_epoch())
+        )
+        self._save_and_maybe_stop(runner, due)
+
+    @hookimpl
+    def after_val_epoch(self, runner: Any, metrics: dict[str, float]) -> None:
+        if not self.training or self.stopped or not self.settings.save_best:
+            return
+        updates = {}
+        for metric in self._best_metrics(metrics):
+            value = float(metrics[metric])
+            entry = self.best.get(metric)
+            rule = self.settings.rule if self.settings.rule != "auto" else guess_rule(metric)
+            if math.isnan(value) or not (entry is None or _better(value, entry["score"], rule)):
+                continue
+            updates[metric] = {
+                "score": value,
+                "file": f"best_{re.sub(r'[^A-Za-z0-9_.-]', '_', metric)}.pt",
+                "rule": rule,
+                "epoch": runner.epoch,
+                "iter": runner.iter,
+            }
+        if updates:
+            names = [entry["file"] for entry in updates.values()]
+            self._save(runner, names, best=updates)
+            scores = ", ".join(f"{m} {e['score']:.6g}" for m, e in updates.items())
+            runner.info(f"checkpoint: new best {scores}")
+
+    @hookimpl
+    def after_val(self, runner: Any) -> None:
+        if self.training and not self.stopped:
+            self._save_and_maybe_stop(runner, due=False)
+
+    @hookimpl
+    def after_train(self) -> None:
+        self.training = False
+
+    @hookimpl
+    def after_run(self, runner: Any) -> None:
+        """Wait for the write in flight, put the signal handlers back, then re-deliver a
+        caught signal so that the process ends the way the signal would have ended it."""
+        if runner.mode != "train":
+            return
+        try:
+            self.writer.wait()
+        finally:
+            self.writer.release()
+            previous = self.signals.restore()
+        signum = self.signals.signum
+        if signum is None:
+            return
+        if previous.get(signum) == signal.SIG_DFL:  # the process ends now: flush the logs
+            for writer in runner.writers:
+                writer.close()
+            runner.writers = []
+        signal.raise_signal(signum)
+
+    @hookimpl
+    def on_exception(self, runner: Any, exception: BaseException) -> None:
+        """Save ``emergency_iter_<N>.pt`` unless the exception is a failed checkpoint write."""
+        try:
+            self.writer.wait()
+        except CheckpointError as exc:
+            runner.info(str(exc))
+        finally:
+            self.writer.release()
+            self.signals.restore()
+        training, self.training = self.training, False
+        if (
+            not training
+            or self.stopped
+            or not self.settings.save_on_exception
+            or isinstance(exception, CheckpointError)
+            or runner.world_size > 1  # the other ranks are not here to gather their state
+        ):
+            return
+        self._save(runner, emergency=True, background=False)
+
+    # -- saving --------------------------------------------------------------------------
+
+    def _save_and_maybe_stop(self, runner: Any, due: bool) -> None:
+        stop = self.signals.received()
+        if due or stop:
+            self._save(runner)
+        if stop:
+            self.stopped = True
+            runner.stop_training = True
+            name = signal.Signals(self.signals.signum).name  # type: ignore[arg-type]
+            runner.info(f"checkpoint: {name} received, saved {self.latest}; stopping")
+
+    def _save(
+        self,
+        runner: Any,
+        names: list[str] | None = None,
+        best: dict[str, dict[str, Any]] | None = None,
+        emergency: bool = False,
+        background: bool = True,
+    ) -> None:
+        """Write one state to ``names`` (default: a name from its position), then point
+        ``latest`` at it and delete what ``max_keep`` lets go; bookkeeping first, so the file
+        holds the bookkeeping as it is once the file exists."""
+        self.writer.wait()
+        previous = self.state_dict()
+        self.best.update(best or {})
+        state = runner.checkpoint_state(self.settings.save_optimizer)
+        if names is None:
+            names = [position_name(state, self.settings.by_epoch and not emergency)]
+            if emergency:
+                names = ["emergency_" + names[0]]
+            self.kept = [name for name in self.kept if name != names[0]] + names
+        delete = self._rotate()
+        self.latest = names[-1]
+        state.setdefault("plugins", {})[self.name] = self.state_dict()
+        paths = [self.out_dir / name for name in names]
+        background = background and self.settings.async_save
+        if runner.is_main:
+            if background:
+                job = self.writer.host.copy(state)
+                self.writer.submit(lambda: self._write(job, paths, delete), paths[0])
+                runner.info(f"checkpoint: writing {paths[0]} in the background")
+            else:
+                try:
+                    self._write(state, paths, delete)
+                except BaseException:
+                    self.load_state_dict(previous)
+                    raise
+                kind = "emergency checkpoint" if emergency else "checkpoint"
+                runner.info(f"checkpoint: saved {kind} {', '.join(map(str, paths))}")
+        if not background:
+            dist.barrier()
+
+    def _rotate(self) -> list[str]:
+        """Files to delete so that at most ``max_keep`` rotating files remain, never the one
+        the run resumed from (it does not count) and never one being written."""
+        if self.settings.max_keep is None:
+            return []
+        rotating = [name for name in self.kept if name != self.protected]
+        delete = rotating[: max(0, len(rotating) - self.settings.max_keep)]
+        self.kept = [name for name in self.kept if name not in delete]
+        return delete
+
+    def _write(self, state: dict[str, Any], paths: list[Path], delete: list[str]) -> None:
+        for path in paths:
+            ckpt_io.write(state, path)
+        pointer = self.out_dir / "latest"
+        try:
+            ckpt_io.atomic_write_text(paths[-1].name + "\n", pointer)
+        except OSError as exc:
+            raise CheckpointError(f"cannot write {pointer}: {exc.strerror or exc}") from exc
+        for name in delete:
+            try:
+                (self.out_dir / name).unlink(missing_ok=True)
+            except OSError as exc:  # an old file left behind is no reason to stop training
+                message = f"[hookrun] checkpoint: cannot delete {self.out_dir / name}: {exc}"
+                print(message, file=sys.stderr)
+
+    def _best_metrics(self, metrics: dict[str, float]) -> list[str]:
+        """The ``save_best`` names, checked against what validation reported."""
+        wanted = self.settings.save_best
+        if wanted == "auto":
+            return list(metrics)[:1]
+        names = [wanted] if isinstance(wanted, str) else list(wanted)
+        for name in names:
+            if name not in metrics:
+                raise ConfigError(
+                    f"plugins.checkpoint.save_best: validation reports no metric {name!r} "
+                    f"(it reports: {', '.join(metrics) or 'nothing'})"
+                )
+        if self.settings.rule == "auto":
+            for name in names:
+                if guess_rule(name) is None:
+                    raise ConfigError(
+                        f"plugins.checkpoint.rule: cannot tell from {name!r} whether greater "
+                        "or less is better; set rule: greater or rule: less"
+                    )
+        return names
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def guess_rule(metric: str) -> Literal["greater", "less"] | None:
+    """``less`` for loss-like names, ``greater`` for score-like names, None when unsure."""
+    lowered = metric.lower()
+    if any(hint in lowered for hint in LESS_HINTS):
+        return "less"
+    if any(hint in lowered for hint in GREATER_HINTS):
+        return "greater"
+    return None
+
+
+def _better(value: float, best: float, rule: str | None) -> bool:
+    return value < best if rule == "less" else value > best
+
+
+def position_name(state: dict[str, Any], by_epoch: bool) -> str:
+    """``epoch_<N>.pt`` when the state sits at the end of an epoch and saving is by epoch,
+    else ``iter_<N>.pt`` (N completed epochs or iterations, as in ``state["meta"]``)."""
+    if by_epoch and state["loop"]["phase"] != "train":
+        return f"epoch_{state['meta']['epoch']}.pt"
+    return f"iter_{state['meta']['iter']}.pt"
+
+
+class SignalCatcher:
+    """Handlers that only note the signal, installed for one run and then put back.
+
+    Under torch.distributed the ranks agree (a one-integer all-reduce over a gloo group, no
+    device synchronisation) so that every rank stops at the same iteration.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.previous: dict[int, Any] = {}
+        self.group: Any = None
+
+    def install(self, names: list[str], distributed: bool) -> bool:
+        self.signum = None
+        if not names:
+            return True
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        if distributed and self.group is None:
+            self.group = torch.distributed.new_group(backend="gloo")
+        for name in names:
+            number = signal.Signals[name]
+            if number not in self.previous:
+                self.previous[number] = signal.signal(number, self._note)
+        return True
+
+    def _note(self, signum: int, _frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def received(self) -> bool:
+        if self.group is not None and self.previous:
+            flag = torch.tensor([self.signum or 0])
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self.group)
+            self.signum = int(flag.item()) or None
+        return self.signum is not None
+
+    def restore(self) -> dict[int, Any]:
+        """Put the previous handlers back; returns them by signal number."""
+        previous = {n: signal.SIG_DFL if h is None else h for n, h in self.previous.items()}
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        self.previous = {}
+        return previous
+
+
+class BackgroundWriter:
+    """At most one checkpoint write in flight, in a thread; its error surfaces in ``wait``."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.host = HostCopy()
+
+    def submit(self, job: Callable[[], None], path: Path) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                self.host.ready()
+                job()
+            except CheckpointError as exc:
+                self.error = exc
+            except BaseException as exc:  # a failure the core did not name: name the file
+                self.error = CheckpointError(f"cannot write checkpoint {path}: {exc!r}")
+
+        self.thread = threading.Thread(target=run, name="hookrun-checkpoint-writer")
+        self.thread.start()
+
+    def wait(self) -> None:
+        """Block until the write in flight is done; raise its error here, in training."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+    def release(self) -> None:
+        """Free the host buffers at the end of a run (they are reused within one)."""
+        self.host = HostCopy()
+
+
+class HostCopy:
+    """A copy of a state that later training steps cannot change: tensors in host buffers
+    (pinned for CUDA sources, copied without blocking), containers rebuilt.
+
+    Storages shared between tensors stay shared and whole, so ``torch.save`` of the copy
+    writes the same file as of the original. Buffers are reused from one save to the next:
+    allocating hundreds of MB afresh costs page faults every time.
+    """
+
+    def __init__(self) -> None:
+        self.pool: list[torch.UntypedStorage] = []
+        self.copies: dict[int, torch.UntypedStorage] = {}
+        self.event: Any = None
+
+    def copy(self, state: dict[str, Any]) -> dict[str, Any]:
+        self.copies = {}
+        self.event = None
+        copied = self._tree(state)
+        if self.event is not None:
+            self.event.record()
+        return copied
+
+    def ready(self) -> None:
+        """Wait (in the writer thread) until copies from the device have landed."""
+        if self.event is not None:
+            self.event.synchronize()
+
+    def _tree(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return self._tensor(obj)
+        if type(obj) in (dict, OrderedDict):
+            out = type(obj)((key, self._tree(value)) for key, value in obj.items())
+            if getattr(obj, "__dict__", None):  # state_dict()'s _metadata (module versions)
+                out.__dict__.update(_copy_plain(obj.__dict__))
+            return out
+        if type(obj) in (list, tuple):
+            return type(obj)(self._tree(value) for value in obj)
+        return obj  # numbers, strings and other immutable values
+
+    def _tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.layout != torch.strided or tensor.device.type == "meta":
+            return tensor.detach().to("cpu", copy=True)
+        source = tensor.untyped_storage()
+        target = self.copies.get(source._cdata)
+        if target is None:
+            on_device = tensor.device.type != "cpu"
+            target = self._buffer(source.nbytes(), pinned=tensor.device.type == "cuda")
+            target.copy_(source, non_blocking=on_device)
+            if tensor.device.type == "cuda" and self.event is None:
+                self.event = torch.cuda.Event()
+            self.copies[source._cdata] = target
+        view = torch.empty(0, dtype=tensor.dtype).set_(
+            target, tensor.storage_offset(), tensor.size(), tensor.stride()
+        )
+        if isinstance(tensor, torch.nn.Parameter):
+            return torch.nn.Parameter(view, requires_grad=tensor.requires_grad)
+        return view.requires_grad_(tensor.requires_grad)
+
+    def _buffer(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
+        index = len(self.copies)
+        if index < len(self.pool):
+            buffer = self.pool[index]
+            if buffer.nbytes() == nbytes and buffer.is_pinned() == pinned:
+                return buffer
+        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
+        if index < len(self.pool):
+            self.pool[index] = buffer
+        else:
+            self.pool.append(buffer)
+        return buffer
+
+
+def _copy_plain(obj: Any) -> Any:
+    """A deep copy of nested dicts and lists of plain values."""
+    if isinstance(obj, dict):
+        return type(obj)((key, _copy_plain(value)) for key, value in obj.items())
+    if isinstance(obj, list):
+        return [_copy_plain(value) for value in obj]
+    return obj
