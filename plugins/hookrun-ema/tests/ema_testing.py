@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import torch
@@ -79,3 +81,57 @@ def reference(
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     """Largest deviation relative to the tensor's largest magnitude."""
     return float((got.double() - want).abs().max() / want.abs().max().clamp(min=1e-12))
+
+
+class MixedNet(nn.Module):
+    """A float32 block and a bfloat16 block: storage exchange and copy paths in one model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU())
+        self.tail = nn.Sequential(nn.Linear(8, 3), nn.BatchNorm1d(3)).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tail(self.head(x).bfloat16()).float()
+
+
+class SaveEvery:
+    """Checkpoints every 5 iterations, after the average was updated (as the checkpoint plugin
+    does at priority 90), and a SIGKILL of this process after iteration ``kill_at``."""
+
+    priority = 90
+
+    def __init__(self, kill_at: int) -> None:
+        self.kill_at = kill_at
+
+    @hookimpl
+    def after_train_iter(self, runner: Any) -> None:
+        if runner.every_n_iters(5):
+            runner.save_checkpoint(runner.checkpoint_dir / f"iter_{runner.iter + 1}.pt")
+        if runner.iter == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def resume_job(work_dir: str, kill_at: int = -1) -> dict[str, Any]:
+    """24 iterations of MixedNet with the average and periodic checkpoints, resumed from the
+    newest checkpoint when there is one; returns the final average and weights."""
+    from hookrun import Runner
+
+    model = MixedNet()
+    runner = Runner(
+        model,
+        train_dataloader=loader(96, seed=0, shuffle=True),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        criterion=nn.CrossEntropyLoss(),
+        max_iters=24,
+        work_dir=work_dir,
+        writers=(),
+        device="cpu",
+        plugins={
+            "ema": {"decay": 0.9, "update_interval": 2, "start_iter": 3, "buffers": "average"}
+        },
+        hooks=[SaveEvery(kill_at)],
+    )
+    runner.train(resume="auto")
+    return {"ema": runner.plugins["ema"].state_dict(), "model": model.state_dict()}
