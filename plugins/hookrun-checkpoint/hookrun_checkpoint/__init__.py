@@ -71,6 +71,7 @@ class CheckpointSettings(PluginSettings):
     )
     rule: Literal["greater", "less", "auto"] = Field(
         "auto",
+        validate_default=True,  # the default is checked against save_best's names too
         description="Whether a greater or a smaller `save_best` metric is better; `auto` "
         "decides from the name (loss, error, mse, ...: less; accuracy, auc, f1, map, iou, ...: "
         "greater).",
@@ -507,18 +508,19 @@ class HostCopy:
     """A copy of a state that later training steps cannot change: tensors in host buffers
     (pinned for CUDA sources, copied without blocking), containers rebuilt.
 
-    Storages shared between tensors stay shared and whole, so ``torch.save`` of the copy
-    writes the same file as of the original. Buffers are reused from one save to the next:
-    allocating hundreds of MB afresh costs page faults every time.
+    Storages shared between tensors stay shared and whole, and a tensor met twice is copied
+    once, so ``torch.save`` of the copy writes the same bytes as of the original. Buffers are
+    reused from one save to the next: allocating hundreds of MB afresh costs page faults.
     """
 
     def __init__(self) -> None:
         self.pool: list[torch.UntypedStorage] = []
-        self.copies: dict[int, torch.UntypedStorage] = {}
+        self.copies: dict[int, torch.UntypedStorage] = {}  # by source storage
+        self.tensors: dict[int, torch.Tensor] = {}  # by id of the source tensor
         self.event: Any = None
 
     def copy(self, state: dict[str, Any]) -> dict[str, Any]:
-        self.copies = {}
+        self.copies, self.tensors = {}, {}
         self.event = None
         copied = self._tree(state)
         if self.event is not None:
@@ -531,8 +533,10 @@ class HostCopy:
             self.event.synchronize()
 
     def _tree(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            return self._tensor(obj)
+        if isinstance(obj, torch.Tensor):  # one tensor twice stays one object, as in pickle
+            if id(obj) not in self.tensors:
+                self.tensors[id(obj)] = self._tensor(obj)
+            return self.tensors[id(obj)]
         if type(obj) in (dict, OrderedDict):
             out = type(obj)((key, self._tree(value)) for key, value in obj.items())
             if getattr(obj, "__dict__", None):  # state_dict()'s _metadata (module versions)
