@@ -1,0 +1,81 @@
+"""Two real gloo processes: each rank averages the DDP-wrapped model's weights alike."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from ema_testing import accuracy, bn_mlp, loader
+from torch import nn
+
+from hookrun import Runner
+
+SCRIPT = """
+import os, sys
+import torch
+from torch import nn
+from hookrun import Runner
+from ema_testing import accuracy, bn_mlp, loader
+
+torch.set_num_threads(1)
+model = bn_mlp()
+runner = Runner(
+    model, train_dataloader=loader(96, seed=0, shuffle=True),
+    val_dataloader=loader(48, seed=1, shuffle=False), criterion=nn.CrossEntropyLoss(),
+    metrics={"accuracy": accuracy}, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
+    max_epochs=2, work_dir=sys.argv[1], writers=(), device="cpu",
+    plugins={"ema": {"decay": 0.9}},
+)
+runner.train()
+assert isinstance(runner.model, nn.parallel.DistributedDataParallel)
+state = runner.plugins["ema"].state_dict()
+torch.save({"ema": state["model"], "val": runner.last_metrics["val"]},
+           os.path.join(sys.argv[1], f"rank{runner.rank}.pt"))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_ranks_keep_the_same_average(tmp_path) -> None:
+    (tmp_path / "job.py").write_text(SCRIPT)
+    env = dict(os.environ, HOOKRUN_PLUGINS_AUTOLOAD="0", OMP_NUM_THREADS="1", WORLD_SIZE="2")
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    here = str(Path(__file__).parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "job.py"), str(tmp_path)],
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+        )
+        for r in range(2)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    assert ranks[0]["val"] == ranks[1]["val"]
+    for key, value in ranks[0]["ema"].items():
+        assert torch.equal(value, ranks[1]["ema"][key]), key
+    # the metrics validation reported are those of the averaged weights
+    model = bn_mlp()
+    model.load_state_dict(ranks[0]["ema"])
+    alone = Runner(
+        model,
+        val_dataloader=loader(48, seed=1, shuffle=False),
+        criterion=nn.CrossEntropyLoss(),
+        metrics={"accuracy": accuracy},
+        work_dir=tmp_path / "alone",
+        writers=(),
+        device="cpu",
+        plugins={},
+    )
+    val = alone.val()
+    assert val.keys() == ranks[0]["val"].keys()
+    for key, value in val.items():
+        assert abs(value - ranks[0]["val"][key]) <= 1e-6 * max(1.0, abs(value)), key
