@@ -58,7 +58,7 @@ class TimerSettings(PluginSettings):
         False,
         description="Time every plugin at every hook point and print a table of calls, total "
         "and mean time at the end of the run; the table also goes to the JSONL log as a "
-        "`hook_profile` record. Costs about 0.3 µs per plugin per hook call.",
+        "`hook_profile` record. Costs about 1-2 µs per plugin per hook call.",
     )
     cuda_events: Literal["auto"] | bool = Field(
         "auto",
@@ -171,28 +171,17 @@ class Timer(Plugin):
     # -- figures -------------------------------------------------------------------------
 
     def eta(self, runner: Any) -> float:
-        """Seconds left: remaining iterations at the measured rate plus the remaining
-        validation passes at their measured mean duration (0 until one has run)."""
+        """Seconds left: remaining iterations at this process's mean period after warm-up,
+        plus the remaining validation passes at their measured mean (none until one ran)."""
         segment = self.segment
         assert segment is not None
         done = runner.iter + 1
-        eta = (segment.max_iters - done) * self.seconds_per_iter()
+        eta = (segment.max_iters - done) * segment.timed_seconds / segment.timed_iters
         val_passes = self.totals["val_passes"] + segment.val_passes
         if val_passes:
             val_mean = (self.totals["val_seconds"] + segment.val_seconds) / val_passes
             eta += remaining_validations(runner, segment, done) * val_mean
         return eta
-
-    def seconds_per_iter(self) -> float:
-        """Mean period after warm-up: of this process when it has one, else of earlier runs."""
-        segment = self.segment
-        if segment is not None and segment.timed_iters:
-            return segment.timed_seconds / segment.timed_iters
-        if self.totals["timed_iters"]:
-            return self.totals["timed_seconds"] / self.totals["timed_iters"]
-        if segment is not None and segment.iters:
-            return segment.seconds / segment.iters
-        return 0.0
 
     def current_totals(self) -> dict[str, float]:
         totals = dict(self.totals)
