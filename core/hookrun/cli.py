@@ -208,10 +208,16 @@ def _print_summary(
     if columns:
         console.print(table)
     work_dir = runner.work_dir
-    console.print(f"run folder:   {work_dir}", markup=False)
-    console.print(f"JSONL log:    {work_dir / 'log.jsonl'}", markup=False)
-    console.print(f"checkpoints:  {runner.checkpoint_dir}", markup=False)
-    console.print(f"TensorBoard:  tensorboard --logdir {work_dir / 'tensorboard'}", markup=False)
+    console.print(f"run folder:   {work_dir}", markup=False, soft_wrap=True)
+    console.print(f"JSONL log:    {work_dir / 'log.jsonl'}", markup=False, soft_wrap=True)
+    saved = sorted(p.name for p in Path(runner.checkpoint_dir).glob("*.pt"))
+    listing = f" ({', '.join(saved)})" if saved else ""
+    console.print(f"checkpoints:  {runner.checkpoint_dir}{listing}", markup=False, soft_wrap=True)
+    console.print(
+        f"TensorBoard:  tensorboard --logdir {work_dir / 'tensorboard'}",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def _yaml(data: Any) -> str:
@@ -458,8 +464,11 @@ def config_schema() -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI and turn errors into exit codes: 2 for usage/config, 1 for failures."""
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="hookrun",
-                 standalone_mode=False)
+        cli.main(
+            args=list(argv) if argv is not None else None,
+            prog_name="hookrun",
+            standalone_mode=False,
+        )
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
@@ -471,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(130)
     except HookrunError as exc:
         for line in exc.lines:
-            echo(f"error: {line}", err=True)
+            echo(line, err=True)
         sys.exit(EXIT_USAGE)
     except Exception as exc:
         _print_failure(exc)
@@ -484,8 +493,10 @@ def _print_failure(exc: BaseException) -> None:
     code raised. Every rank prints its own (they may differ)."""
     tb = exc.__traceback__
     skipped = (str(Path(click.__file__).parent), __file__)
-    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(
-        skipped
+    while (
+        tb is not None
+        and tb.tb_next is not None
+        and tb.tb_frame.f_code.co_filename.startswith(skipped)
     ):
         tb = tb.tb_next
     rank = f" on rank {_rank()}" if "RANK" in os.environ else ""
