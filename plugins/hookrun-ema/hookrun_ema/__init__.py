@@ -242,7 +242,9 @@ class Shadow:
         self.slots: dict[str, int] = {}  # every state-dict key (tied ones too) -> index
         params = {id(p) for p in model.parameters()}
         first: dict[int, int] = {}
-        lerp, mixed, copy = [], [], []
+        lerp: list[int] = []
+        mixed: list[int] = []
+        copy: list[int] = []
         for key, value in model.state_dict(keep_vars=True).items():
             if not isinstance(value, torch.Tensor):
                 continue
