@@ -189,7 +189,8 @@ class Runner:
 
     def evaluate(self, dataloader: Iterable[Any], mode: str = "val") -> dict[str, float]:
         """Metrics of ``dataloader`` without calling any hook (for plugins that need a pass)."""
-        return self._evaluation_loop(make_loader(dataloader, self.seed), mode, hooks=False)
+        loader = make_loader(dataloader, self.seed, shard_sampler(dataloader))
+        return self._evaluation_loop(loader, mode, hooks=False)
 
     # -- checkpoints ---------------------------------------------------------------------
 
