@@ -85,8 +85,7 @@ def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (outputs.argmax(1) == targets).float().mean()
 
 
-def main() -> None:
-    work_dir, options = sys.argv[1], json.loads(sys.argv[2])
+def main(work_dir: str, options: dict) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
@@ -111,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1], json.loads(sys.argv[2]))

@@ -3,6 +3,7 @@ same state, bit for bit, as a run never interrupted."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -38,8 +39,17 @@ def run(work_dir: Path, expect: int = 0, **options: Any) -> str:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run, in this process (the same code; saves a torch start-up)."""
     work_dir = tmp_path_factory.mktemp("reference")
-    run(work_dir)
+    spec = importlib.util.spec_from_file_location("checkpoint_job", JOB)
+    assert spec is not None and spec.loader is not None
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOOKRUN_PLUGINS_AUTOLOAD", "0")
+        job.main(str(work_dir), {})
+    torch.set_num_threads(threads)
     return work_dir / "final.pt"
 
 
