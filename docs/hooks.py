@@ -1,0 +1,121 @@
+"""mkdocs hooks: generate the reference parts of the docs from the code.
+
+- ``<!-- hook-reference -->`` becomes every hook point of ``hookrun.hookspecs`` with its
+  arguments and docstring (the docstrings are the reference; nothing is copied by hand);
+- ``<!-- settings-table: NAME -->`` becomes plugin NAME's settings table, from the JSON
+  schema of its pydantic ``Settings`` (field, type, default, constraints, description).
+
+A missing plugin or an undocumented setting is a warning, which ``mkdocs build --strict``
+turns into a failed build.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from typing import Any
+
+log = logging.getLogger("mkdocs.plugins.hookrun")
+
+SETTINGS_MARKER = re.compile(r"<!--\s*settings-table:\s*([A-Za-z0-9_]+)\s*-->")
+HOOKS_MARKER = "<!-- hook-reference -->"
+CONFIG_MARKER = "<!-- runner-table -->"
+
+
+def on_page_markdown(markdown: str, page: Any = None, config: Any = None, files: Any = None) -> str:
+    markdown = SETTINGS_MARKER.sub(lambda m: settings_table(m.group(1)), markdown)
+    if HOOKS_MARKER in markdown:
+        markdown = markdown.replace(HOOKS_MARKER, hook_reference())
+    if CONFIG_MARKER in markdown:
+        from hookrun.config import RunnerConfig
+
+        markdown = markdown.replace(CONFIG_MARKER, table(RunnerConfig, "runner"))
+    return markdown
+
+
+def settings_table(name: str) -> str:
+    """The settings table of installed plugin ``name`` (plus its priority line)."""
+    from hookrun.discovery import installed_plugins
+
+    info = installed_plugins().get(name)
+    if info is None:
+        log.warning("settings-table: plugin %r is not installed; pip install -e it first", name)
+        return f"*(settings of `{name}`: plugin not installed when the docs were built)*"
+    cls = info.entry_point.load()
+    default = "on" if cls.enabled_by_default else "off"
+    head = (
+        f"Plugin `{name}` from `{info.distribution}`; priority **{int(cls.priority)}**; "
+        f"enabled by default: **{default}**. Any section may also set `priority:`.\n\n"
+    )
+    return head + table(cls.Settings, f"plugins.{name}")
+
+
+def table(settings_cls: Any, where: str) -> str:
+    from hookrun.config import settings_rows
+
+    lines = [
+        "| setting | type | default | constraints | description |",
+        "|---|---|---|---|---|",
+    ]
+    for row in settings_rows(settings_cls):
+        if not row["description"]:
+            log.warning("%s.%s has no description", where, row["name"])
+        cells = [
+            f"`{row['name']}`",
+            row["type"],
+            f"`{row['default']}`",
+            row["constraints"],
+            row["description"],
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def hook_reference() -> str:
+    """Every hook point, in declaration order, with its signature and docstring."""
+    from hookrun import hookspecs
+    from hookrun.manager import hook_arguments, hook_points
+
+    parts = []
+    for name in hook_points():
+        doc = inspect.getdoc(getattr(hookspecs, name)) or ""
+        if not doc.strip():
+            log.warning("hook point %r has no docstring", name)
+        signature = f"{name}({', '.join(['self', *hook_arguments(name)])}): ..."
+        parts.append(
+            f"## `{name}`\n\n```python\n@hookimpl\ndef {signature}\n```\n\n{rst_to_md(doc)}"
+        )
+    return "\n\n".join(parts) + "\n"
+
+
+def rst_to_md(doc: str) -> str:
+    """The few reST forms the hookspec docstrings use: ``code``, :role:`x`, ``Example::``."""
+    out: list[str] = []
+    lines = doc.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.rstrip().endswith("::"):
+            out += [line.rstrip()[:-1], "", "```python"]
+            i += 1
+            block = []
+            while i < len(lines) and (not lines[i].strip() or lines[i].startswith("    ")):
+                block.append(lines[i][4:])
+                i += 1
+            while block and not block[-1].strip():
+                block.pop()
+            while block and not block[0].strip():
+                block.pop(0)
+            out += [*block, "```", ""]
+            continue
+        line = re.sub(r":\w+:`([^`]+)`", r"`\1`", line)
+        out.append(re.sub(r"``([^`]+)``", r"`\1`", line))
+        i += 1
+    # "Arguments:", "A hook may:" and "Return:" start their own paragraphs
+    text = "\n".join(out)
+    return re.sub(r"\n(Arguments:|A hook may:|Return:)", r"\n\n**\1**", text)
