@@ -64,9 +64,9 @@ class Timing:
         self.cpu = time.thread_time() - self.start[1]
 
 
-def run(iters: int, plugins: dict[str, Any]) -> tuple[float, float, float]:
-    """Wall and CPU seconds per iteration, and the timer's own hook seconds per iteration
-    (known in profiled runs only)."""
+def run(iters: int, plugins: dict[str, Any]) -> tuple[float, float, float, float]:
+    """Wall and CPU seconds per iteration, and the seconds per iteration in the timer's hooks
+    and in ReadLoss's one-line hook, for scale (both known in profiled runs only)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
     timing = Timing()
@@ -88,7 +88,8 @@ def run(iters: int, plugins: dict[str, Any]) -> tuple[float, float, float]:
         per_hook.get(("timer", hook), (0, 0.0))[1]
         for hook in ("before_train_iter", "after_train_iter")
     )
-    return timing.wall / iters, timing.cpu / iters, own / iters
+    trivial = per_hook.get(("ReadLoss", "after_train_iter"), (0, 0.0))[1]
+    return timing.wall / iters, timing.cpu / iters, own / iters, trivial / iters
 
 
 def hook_cost(plugins: dict[str, Any], n: int = 20000, repeats: int = 5) -> float:
@@ -140,16 +141,18 @@ def main() -> None:
     wall: dict[str, list[float]] = {name: [] for name in cases}
     cpu: dict[str, list[float]] = {name: [] for name in cases}
     own: list[float] = []
+    trivial: list[float] = []
     with contextlib.redirect_stdout(io.StringIO()):  # the timer's summary lines
         for plugins in cases.values():  # warm-up
             run(args.iters, plugins)
         for _ in range(args.repeats):
             for name, plugins in cases.items():
-                wall_s, cpu_s, timer_seconds = run(args.iters, plugins)
+                wall_s, cpu_s, timer_seconds, read_loss_seconds = run(args.iters, plugins)
                 wall[name].append(wall_s)
                 cpu[name].append(cpu_s)
                 if plugins.get("timer", {}).get("profile_hooks"):
                     own.append(timer_seconds)
+                    trivial.append(read_loss_seconds)
     print(
         f"torch {torch.__version__}, {args.iters} iterations x {args.repeats} alternating runs, "
         f"1 thread, MLP {FEATURES}-{HIDDEN}-{CLASSES}, batch {BATCH}"
@@ -163,7 +166,8 @@ def main() -> None:
             print(f"{name:24s} {median * 1e6:9.1f} {extra:+9.1f} {median / base:7.3f}")
     print(
         f"timer's own hooks (before/after_train_iter, from the profile): "
-        f"{statistics.median(own) * 1e6:.1f} us/iter"
+        f"{statistics.median(own) * 1e6:.1f} us/iter; ReadLoss's one-line hook, for scale: "
+        f"{statistics.median(trivial) * 1e6:.1f} us/iter"
     )
     print("direct: before/after_train_iter dispatch per iteration, thread CPU, best of 5")
     base = hook_cost({})

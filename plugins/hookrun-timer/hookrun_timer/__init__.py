@@ -58,7 +58,7 @@ class TimerSettings(PluginSettings):
         False,
         description="Time every plugin at every hook point and print a table of calls, total "
         "and mean time at the end of the run; the table also goes to the JSONL log as a "
-        "`hook_profile` record. Costs about 1-2 µs per plugin per hook call.",
+        "`hook_profile` record. Costs up to about 1 µs per plugin per hook call.",
     )
     cuda_events: Literal["auto"] | bool = Field(
         "auto",
