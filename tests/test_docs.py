@@ -60,7 +60,7 @@ def test_hook_reference_is_generated_for_every_hook_point():
     for name in hook_points():
         args = ", ".join(["self", *hook_arguments(name)])
         assert f"## `{name}`" in page and f"def {name}({args}): ..." in page
-    assert not re.search(r"``\w", page)  # reST literals converted to Markdown
+    assert not re.search(r"(?<!`)``\w", page)  # reST literals converted to Markdown
 
 
 @pytest.mark.parametrize("name", BUILT_IN)
