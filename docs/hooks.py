@@ -96,26 +96,31 @@ def hook_reference() -> str:
 def rst_to_md(doc: str) -> str:
     """The few reST forms the hookspec docstrings use: ``code``, :role:`x`, ``Example::``."""
     out: list[str] = []
+    prose: list[str] = []
     lines = doc.splitlines()
     i = 0
     while i < len(lines):
         line = lines[i]
-        if line.rstrip().endswith("::"):
-            out += [line.rstrip()[:-1], "", "```python"]
-            i += 1
-            block = []
-            while i < len(lines) and (not lines[i].strip() or lines[i].startswith("    ")):
-                block.append(lines[i][4:])
-                i += 1
-            while block and not block[-1].strip():
-                block.pop()
-            while block and not block[0].strip():
-                block.pop(0)
-            out += [*block, "```", ""]
-            continue
-        line = re.sub(r":\w+:`([^`]+)`", r"`\1`", line)
-        out.append(re.sub(r"``([^`]+)``", r"`\1`", line))
         i += 1
-    # "Arguments:", "A hook may:" and "Return:" start their own paragraphs
-    text = "\n".join(out)
+        if not line.rstrip().endswith("::"):
+            prose.append(line)
+            continue
+        prose.append(line.rstrip()[:-1])
+        out.append(_prose(prose))
+        prose = []
+        block = []
+        while i < len(lines) and (not lines[i].strip() or lines[i].startswith("    ")):
+            block.append(lines[i][4:])
+            i += 1
+        code = "\n".join(block).strip("\n")
+        out.append(f"\n```python\n{code}\n```\n")
+    out.append(_prose(prose))
+    return "\n".join(out)
+
+
+def _prose(lines: list[str]) -> str:
+    """Literals may span lines; "Arguments:", "A hook may:" and "Return:" start paragraphs."""
+    text = "\n".join(lines)
+    text = re.sub(r":\w+:`([^`]+)`", r"`\1`", text)
+    text = re.sub(r"``(.+?)``", r"`\1`", text, flags=re.S)
     return re.sub(r"\n(Arguments:|A hook may:|Return:)", r"\n\n**\1**", text)
