@@ -9,6 +9,7 @@ both, so the ratio is the plugin's own overhead. Prints best-of-N times and the 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -28,31 +29,28 @@ def conv_bn_net(width: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
+def timed(fn) -> float:
+    """Seconds of one call: CPU time of this process on CPU (steadier than wall time on a
+    shared machine, and equal to it with one thread), wall time with a sync on CUDA."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batches", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--size", type=int, default=32, help="image side")
-    parser.add_argument("--width", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
-    args, _ = parser.parse_known_args()
-
+def measure(width: int, size: int, args: argparse.Namespace) -> tuple[float, float, int]:
+    """Median seconds of the plain passes and median ratio (plugin pass / plain passes) over
+    back-to-back pairs, so that drifting machine load hits both sides alike."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    model = conv_bn_net(args.width).to(device)
+    model = conv_bn_net(width).to(device)
     batches = [
-        (torch.randn(args.batch_size, 3, args.size, args.size, device=device), None)
+        (torch.randn(args.batch_size, 3, size, size, device=device), None)
         for _ in range(args.batches)
     ]
 
@@ -68,18 +66,36 @@ def main() -> None:
         recompute_bn_stats(model, layers, batches, lambda batch: model_forward(model, batch))
 
     plain(), precise()  # warm-up
-    t_plain = t_precise = float("inf")
-    for _ in range(args.repeats):  # interleaved, so drifting machine load hits both alike
-        t_plain = min(t_plain, best_of(plain, 1))
-        t_precise = min(t_precise, best_of(precise, 1))
+    plains, ratios = [], []
+    for i in range(args.repeats):  # back-to-back pairs, alternating order: load drift cancels
+        if i % 2:
+            t_precise, t_plain = timed(precise), timed(plain)
+        else:
+            t_plain, t_precise = timed(plain), timed(precise)
+        plains.append(t_plain)
+        ratios.append(t_precise / t_plain)
+    return statistics.median(plains), statistics.median(ratios), len(bn_layers(model)[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier)")
+    args, _ = parser.parse_known_args()
+    torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     print(
-        f"precise_bn on {device.type}, torch {torch.__version__}, threads {torch.get_num_threads()}: "
-        f"{args.batches} batches of {args.batch_size}x3x{args.size}x{args.size}, width {args.width}, "
-        f"{len(bn_layers(model)[0])} BN layers"
+        f"precise_bn vs plain train-mode forward passes; {device}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {args.batches} batches of {args.batch_size}"
     )
-    print(f"plain train-mode forward passes: {t_plain * 1e3:8.1f} ms")
-    print(f"precise_bn pass:                 {t_precise * 1e3:8.1f} ms")
-    print(f"ratio: {t_precise / t_plain:.3f}x (budget <= 1.15x)")
+    print(f"{'network':<34} {'plain ms':>9} {'precise ms':>11} {'ratio':>7}")
+    for width, size in ((16, 32), (32, 32), (64, 32)):
+        t_plain, ratio, layers = measure(width, size, args)
+        name = f"conv/BN width {width}, {size}x{size}, {layers} BN"
+        print(f"{name:<34} {t_plain * 1e3:9.1f} {t_plain * ratio * 1e3:11.1f} {ratio:6.3f}x")
+    print("ratio: median of back-to-back pairs; budget <= 1.15x")
 
 
 if __name__ == "__main__":

@@ -237,45 +237,50 @@ def shuffled_batches(
 
 
 class Moments:
-    """Per-channel count, mean and M2 (sum of squared deviations) of one layer's inputs.
+    """Sums of one layer's inputs, batch by batch, about a fixed per-channel pivot.
 
-    Each batch is centred on a pivot close to the mean (the mean so far; for the first batch,
-    its first sample), so its sums lose nothing to a large mean; the batch's (count, mean, M2)
-    is then merged in float64 with Chan's formula: exact with unequal batch sizes, on the
-    device, without a host sync.
+    The pivot is the layer's first input sample, within a few standard deviations of the mean,
+    so the sums lose nothing to a large mean and need no float64 copy of the batch. At the end
+    each batch's (count, mean, M2) is merged in float64 with Chan's formula, exact with
+    unequal batch sizes. Nothing here reads a value back to the host.
     """
 
-    def __init__(self, channels: int, device: torch.device) -> None:
-        self.count = 0
-        self.mean = torch.zeros(channels, dtype=torch.float64, device=device)
-        self.m2 = torch.zeros(channels, dtype=torch.float64, device=device)
+    def __init__(self) -> None:
+        self.pivot: torch.Tensor | None = None
+        self.batches: list[tuple[int, torch.Tensor, torch.Tensor]] = []
 
-    def add(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Merge a batch ``(N, C, *)`` (statistics over every dim but 1); returns the batch
-        centred on the pivot, its mean minus the pivot and its biased variance, so a
-        BatchNorm can normalise with them without a second reduction."""
+    def add(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Record a batch ``(N, C, *)`` (statistics over every dim but 1). Returns the batch
+        centred on the pivot, its per-channel sum of squares and sum, and a spare tensor of
+        the batch's shape (the squares, no longer needed), from which a BatchNorm normalises
+        without reducing the batch again or allocating another batch-sized tensor."""
         work = x.detach()
         if work.dtype not in (torch.float32, torch.float64):
             work = work.float()
-        n = work.numel() // work.shape[1]
         dims = [0, *range(2, work.dim())]
-        pivot = self.mean.to(work.dtype) if self.count else work[:1].mean(dims)
-        centred = work - _per_channel(pivot, work.dim())
-        s1 = _channel_sum(centred)
-        offset = s1 / n
-        m2 = _channel_sum(centred.square()) - s1 * offset
-        self.merge(n, pivot.double() + offset, m2)
-        return centred, offset, m2 / n
+        if self.pivot is None:
+            self.pivot = work[:1].mean(dims)
+        centred = work - _per_channel(self.pivot, work.dim())
+        spare = centred.square()
+        s1, s2 = centred.sum(dims), spare.sum(dims)
+        self.batches.append((work.numel() // work.shape[1], s1, s2))
+        return centred, s1, s2, spare
 
-    def merge(self, n: int, mean: torch.Tensor, m2: torch.Tensor) -> None:
-        if self.count == 0:
-            self.count, self.mean, self.m2 = n, mean, m2
-            return
-        total = self.count + n
-        delta = mean - self.mean
-        self.mean = self.mean + delta * (n / total)
-        self.m2 = self.m2 + m2 + delta.square() * (self.count * n / total)
-        self.count = total
+    def result(self, like: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """(count, mean, M2) over every batch, in float64 on ``like``'s device."""
+        zeros = torch.zeros(like.shape, dtype=torch.float64, device=like.device)
+        if self.pivot is None:
+            return 0, zeros, zeros.clone()
+        device = self.pivot.device
+        counts = torch.tensor([n for n, _, _ in self.batches], dtype=torch.float64, device=device)
+        counts = counts.unsqueeze(1)
+        s1 = torch.stack([s for _, s, _ in self.batches]).double()
+        s2 = torch.stack([s for _, _, s in self.batches]).double()
+        batch_means = s1 / counts  # minus the pivot, as is every mean here
+        total = sum(n for n, _, _ in self.batches)
+        mean = s1.sum(0) / total
+        m2 = (s2 - s1 * batch_means).sum(0) + (counts * (batch_means - mean).square()).sum(0)
+        return total, self.pivot.double() + mean, m2
 
     def hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         """Forward pre-hook for BatchNorm variants with their own forward (SyncBatchNorm)."""
@@ -283,23 +288,26 @@ class Moments:
             self.add(args[0])
 
     def forward_for(self, bn: _BatchNorm) -> Callable[[torch.Tensor], torch.Tensor]:
-        """A train-mode forward for a plain BatchNorm that normalises with the statistics
+        """A train-mode forward for a plain BatchNorm that normalises with the sums
         :meth:`add` computed, so each batch is reduced once, not by BatchNorm and again here."""
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             bn._check_input_dim(x)
             if x.numel() == 0:
                 return _BatchNorm.forward(bn, x)
-            centred, offset, var = self.add(x)
-            scale = torch.rsqrt(var + bn.eps)
+            centred, s1, s2, spare = self.add(x)
+            n = x.numel() // x.shape[1]
+            offset = s1 / n
+            var = (s2 / n).sub_(offset.square()).clamp_(min=0)  # biased, as train mode uses
+            scale = var.add_(bn.eps).rsqrt_()
             if bn.weight is not None:
                 scale = scale * bn.weight
-            shift = -offset * scale
+            shift = (offset * scale).neg_()
             if bn.bias is not None:
                 shift = shift + bn.bias
-            dtype, dim = centred.dtype, x.dim()
+            dim = x.dim()
             out = torch.addcmul(
-                _per_channel(shift.to(dtype), dim), centred, _per_channel(scale.to(dtype), dim)
+                _per_channel(shift, dim), centred, _per_channel(scale, dim), out=spare
             )
             return out.to(x.dtype)
 
@@ -310,36 +318,32 @@ def _per_channel(values: torch.Tensor, dim: int) -> torch.Tensor:
     return values.view(1, -1, *([1] * (dim - 2)))
 
 
-def _channel_sum(t: torch.Tensor) -> torch.Tensor:
-    """Per-channel sum over every dim but 1, in ``t``'s dtype (torch's cascade sums: ~1e-7
-    relative on centred values, and no float64 copy of the batch), returned in float64."""
-    return t.sum([0, *range(2, t.dim())]).double()
+Stats = tuple[int, torch.Tensor, torch.Tensor]
 
 
-def reduce_moments(moments: list[Moments]) -> None:
-    """Turn every rank's moments into those of the union of all ranks' samples.
+def reduce_moments(stats: list[Stats]) -> list[Stats]:
+    """Every rank's (count, mean, M2) per layer turned into those of the union of all ranks.
 
     Two float64 sums: counts and count·mean give the global mean; then each rank's
-    M2 + count·(mean − global mean)² sums to the global M2. Both are exact merges (no
-    E[x²] − E[x]² cancellation), equal to a single process over the union up to rounding.
+    M2 + count·(mean − global mean)² sums to the global M2 (Chan's merge, no E[x²] − E[x]²
+    cancellation), equal to one process over the union up to float64 rounding.
     """
-    if not moments or not dist.is_distributed():
-        return
-    device = moments[0].mean.device
-    counts = torch.tensor([m.count for m in moments], dtype=torch.float64, device=device)
-    sums = dist.all_reduce_sum(torch.cat([counts, *(m.mean * m.count for m in moments)]))
-    totals = [int(t) for t in sums[: len(moments)].tolist()]
-    sizes = [m.mean.numel() for m in moments]
+    if not stats or not dist.is_distributed():
+        return stats
+    device = stats[0][1].device
+    counts = torch.tensor([c for c, _, _ in stats], dtype=torch.float64, device=device)
+    sums = dist.all_reduce_sum(torch.cat([counts, *(mean * c for c, mean, _ in stats)]))
+    totals = [int(t) for t in sums[: len(stats)].tolist()]
+    sizes = [mean.numel() for _, mean, _ in stats]
     means = [
         s / max(total, 1)
-        for s, total in zip(torch.split(sums[len(moments) :], sizes), totals, strict=True)
+        for s, total in zip(torch.split(sums[len(stats) :], sizes), totals, strict=True)
     ]
     spread = torch.cat(
-        [m.m2 + m.count * (m.mean - g).square() for m, g in zip(moments, means, strict=True)]
+        [m2 + c * (mean - g).square() for (c, mean, m2), g in zip(stats, means, strict=True)]
     )
     m2s = torch.split(dist.all_reduce_sum(spread), sizes)
-    for m, total, mean, m2 in zip(moments, totals, means, m2s, strict=True):
-        m.count, m.mean, m.m2 = total, mean, m2
+    return list(zip(totals, means, m2s, strict=True))
 
 
 def recompute_bn_stats(
@@ -359,7 +363,7 @@ def recompute_bn_stats(
     """
     flags = [(module, module.training) for module in model.modules()]
     saved = [(bn, [b.clone() for b in _stat_buffers(bn)]) for bn in layers]
-    moments = [Moments(bn.running_mean.numel(), bn.running_mean.device) for bn in layers]  # type: ignore[union-attr]
+    moments = [Moments() for _ in layers]
     handles, replaced = [], []
     for bn, m in zip(layers, moments, strict=True):
         if type(bn).forward is _BatchNorm.forward and "forward" not in vars(bn):
@@ -386,11 +390,11 @@ def recompute_bn_stats(
         for bn, buffers in saved:
             for buffer, value in zip(_stat_buffers(bn), buffers, strict=True):
                 buffer.copy_(value)
-    reduce_moments(moments)
-    for bn, m in zip(layers, moments, strict=True):
-        if m.count > 1:
-            bn.running_mean.copy_(m.mean)  # type: ignore[union-attr]
-            bn.running_var.copy_(m.m2 / (m.count - 1))  # type: ignore[union-attr]
+    results = [m.result(bn.running_mean) for bn, m in zip(layers, moments, strict=True)]  # type: ignore[arg-type]
+    for bn, (count, mean, m2) in zip(layers, reduce_moments(results), strict=True):
+        if count > 1:
+            bn.running_mean.copy_(mean)  # type: ignore[union-attr]
+            bn.running_var.copy_(m2 / (count - 1))  # type: ignore[union-attr]
     return done
 
 

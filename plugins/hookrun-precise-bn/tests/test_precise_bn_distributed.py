@@ -1,0 +1,110 @@
+"""Two real gloo processes: the reduced statistics equal one process over the union of batches."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import torch
+from hookrun_precise_bn import bn_layers, model_forward, recompute_bn_stats
+from torch import nn
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from hookrun import Runner
+    from hookrun_precise_bn import bn_layers, model_forward, recompute_bn_stats
+    from test_precise_bn_distributed import deep_net, large_mean_data, rank_batches
+
+    rank, out = int(os.environ["RANK"]), sys.argv[1]
+    x = large_mean_data(200, seed=0)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.BatchNorm1d(4), nn.Linear(4, 2))
+    loader = DataLoader(TensorDataset(x, torch.zeros(200, dtype=torch.long)), batch_size=30)
+    runner = Runner(
+        model=model, train_dataloader=loader, criterion=nn.CrossEntropyLoss(),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.01), max_epochs=1,
+        work_dir=os.path.join(out, "run"), writers=(), device="cpu",
+        plugins={"precise_bn": {}},
+    )
+    runner.train()  # DDP over gloo; each rank recomputes over its own half of the data
+    assert runner.world_size == 2
+
+    deep = deep_net()  # the reduction alone, with different batches (and sizes) per rank
+    batches = rank_batches(rank)
+    recompute_bn_stats(deep, bn_layers(deep)[0], batches, lambda b: model_forward(deep, b))
+    torch.save({"runner": model[0].state_dict(), "deep": deep.state_dict()},
+               os.path.join(out, f"rank{rank}.pt"))
+    """
+)
+
+
+def large_mean_data(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (1000 + 0.1 * torch.randn(n, 4, generator=g, dtype=torch.float64)).float()
+
+
+def deep_net() -> nn.Module:
+    torch.manual_seed(1)
+    return nn.Sequential(
+        nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 5), nn.BatchNorm1d(5)
+    )
+
+
+def rank_batches(rank: int) -> list:
+    sizes = [(50, 50, 3), (40, 40, 7, 2)][rank]
+    x = large_mean_data(sum(sizes), seed=10 + rank)
+    return [(b, None) for b in torch.split(x, sizes)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_ranks_equal_one_process_over_the_union(tmp_path) -> None:
+    (tmp_path / "job.py").write_text(SCRIPT)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "job.py"), str(tmp_path)],
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        logs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+
+    deep = deep_net()  # one process over both ranks' batches
+    union = rank_batches(0) + rank_batches(1)
+    recompute_bn_stats(deep, bn_layers(deep)[0], union, lambda b: model_forward(deep, b))
+    for result in results:
+        for name, value in deep.state_dict().items():
+            if name.endswith("running_mean"):
+                scale = 1 + value.abs().max()
+                assert (result["deep"][name] - value).abs().max() <= 1e-6 * scale, name
+            elif name.endswith("running_var"):
+                assert ((result["deep"][name] - value) / value).abs().max() <= 1e-6, name
+
+    x = large_mean_data(200, seed=0).double()  # the runner's ranks covered all 200 samples
+    for result in results:
+        mean, var = result["runner"]["running_mean"].double(), result["runner"]["running_var"]
+        assert ((mean - x.mean(0)).abs() <= 1e-6 * x.mean(0)).all()
+        assert ((var.double() - x.var(0)) / x.var(0)).abs().max() <= 1e-4
