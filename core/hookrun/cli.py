@@ -305,11 +305,13 @@ def _inspect_plugin(name: str, found: dict[str, Any], blocked: set[str]) -> dict
     pm = pluggy.PluginManager("hookrun")
     pm.add_hookspecs(hookspecs)
     problems = check_hookimpls(pm, name, instance)
-    implemented = {
-        (pm.parse_hookimpl_opts(instance, attr) or {}).get("specname") or attr
-        for attr in dir(instance)
-        if not attr.startswith("__") and pm.parse_hookimpl_opts(instance, attr) is not None
-    }
+    implemented = set()
+    for attr in dir(instance):
+        opts: dict[str, Any] | None = (
+            None if attr.startswith("__") else pm.parse_hookimpl_opts(instance, attr)  # type: ignore[assignment]
+        )
+        if opts is not None:
+            implemented.add(opts.get("specname") or attr)
     info["priority"] = int(cls.priority)
     info["enabled_by_default"] = bool(cls.enabled_by_default)
     info["hooks"] = [hook for hook in hook_points() if hook in implemented]
@@ -414,7 +416,7 @@ def hooks(as_json: bool) -> None:
     from hookrun import hookspecs
     from hookrun.manager import hook_arguments, hook_points
 
-    entries = [
+    entries: list[dict[str, Any]] = [
         {
             "name": name,
             "arguments": hook_arguments(name),

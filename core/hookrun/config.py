@@ -110,7 +110,9 @@ class Config(BaseModel):
     task_args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for the task callable."
     )
-    runner: RunnerConfig = Field(default_factory=RunnerConfig, description="Runner arguments.")
+    runner: RunnerConfig = Field(
+        default_factory=lambda: RunnerConfig.model_validate({}), description="Runner arguments."
+    )
     plugins: dict[str, Any] = Field(
         default_factory=dict,
         description="Plugin name to a settings mapping (enable and "
@@ -389,7 +391,7 @@ def schema() -> dict[str, Any]:
             f"{settings_cls.__name__}Section",
             __base__=settings_cls,
             priority=(
-                int | Literal[tuple(p.name for p in Priority)] | None,  # type: ignore[misc]
+                int | Literal[tuple(p.name for p in Priority)] | None,
                 Field(
                     None,
                     description="Override the plugin's priority: 0-100 or a name "
