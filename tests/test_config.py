@@ -107,3 +107,22 @@ def test_settings_rows_show_type_default_constraints_and_description():
     assert rows["names"]["type"] == "list[str] | null"
     assert rows["names"]["constraints"] == "items >= 1"
     assert rows["needed"]["default"] == "required"
+
+
+def test_schema_accepts_the_digits_config_and_rejects_a_bad_value():
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    from hookrun.config import schema
+    from hookrun.discovery import installed_plugins
+
+    config = yaml.safe_load(
+        (Path(__file__).parent.parent / "examples/digits/config.yaml").read_text()
+    )
+    if not set(config["plugins"]) <= set(installed_plugins()):
+        pytest.skip("the digits config names plugins that are not installed here")
+    full = schema()
+    jsonschema.validate(config, full)
+    config["plugins"][next(iter(config["plugins"]))] = {"no_such_setting": 1}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(config, full)
