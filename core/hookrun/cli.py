@@ -349,6 +349,11 @@ def plugins_show(name: str, as_json: bool) -> None:
     found = installed_plugins()
     if name not in found:
         raise HookrunError(unknown_plugin_message(name, "plugins show", found))
+    if name in blocked_plugins():
+        raise HookrunError(
+            f"plugins show: plugin {name!r} is blocked by HOOKRUN_DISABLE_PLUGINS (never "
+            "imported); unset it to inspect the plugin"
+        )
     info = _inspect_plugin(name, found, set())
     if info["error"]:
         raise HookrunError(f"plugins show {name}: {info['error']}")
@@ -361,7 +366,6 @@ def plugins_show(name: str, as_json: bool) -> None:
         "description": doc,
         "priority": info["priority"],
         "enabled_by_default": info["enabled_by_default"],
-        "blocked": name in blocked_plugins(),
         "hooks": info["hooks"],
         "settings": settings_rows(cls.Settings),
     }
@@ -410,7 +414,7 @@ def plugins_new(name: str, directory: str) -> None:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Name, arguments and docs as JSON.")
 def hooks(as_json: bool) -> None:
-    """Every hook point with its arguments and documentation, in call order."""
+    """Every hook point with its arguments and documentation."""
     import inspect
 
     from hookrun import hookspecs
