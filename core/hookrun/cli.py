@@ -8,10 +8,8 @@ pydantic, pluggy or plugin import). Under torchrun only rank 0 prints.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -220,6 +218,12 @@ def _print_summary(
     )
 
 
+def _json(data: Any) -> str:
+    import json  # imported on use: start-up time matters for `plugins list`
+
+    return json.dumps(data, indent=2)
+
+
 def _yaml(data: Any) -> str:
     import yaml
 
@@ -252,7 +256,7 @@ def plugins_list(as_json: bool, load: bool) -> None:
         for row in rows:
             row.update(_inspect_plugin(row["name"], found, blocked))
     if as_json:
-        echo(json.dumps(rows, indent=2))
+        echo(_json(rows))
         return
     if not rows:
         echo("no plugins installed (pip install hookrun-logger, hookrun-checkpoint, ...)")
@@ -370,7 +374,7 @@ def plugins_show(name: str, as_json: bool) -> None:
         "settings": settings_rows(cls.Settings),
     }
     if as_json:
-        echo(json.dumps(result, indent=2))
+        echo(_json(result))
         return
     echo(f"{name}  ({result['distribution']} {result['version']}, {result['entry_point']})")
     if doc:
@@ -429,7 +433,7 @@ def hooks(as_json: bool) -> None:
         for name in hook_points()
     ]
     if as_json:
-        echo(json.dumps(entries, indent=2))
+        echo(_json(entries))
         return
     for entry in entries:
         echo(click.style(f"{entry['name']}({', '.join(entry['arguments'])})", bold=True))
@@ -461,7 +465,7 @@ def config_schema() -> None:
     """Print the JSON Schema of config files, installed plugins' settings included."""
     from hookrun import config as cfg
 
-    echo(json.dumps(cfg.schema(), indent=2))
+    echo(_json(cfg.schema()))
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -497,6 +501,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _print_failure(exc: BaseException) -> None:
     """The traceback without the CLI's own frames: it starts where hookrun or the user's
     code raised. Every rank prints its own (they may differ)."""
+    import traceback
+
     tb = exc.__traceback__
     skipped = (str(Path(click.__file__).parent), __file__)
     while (
