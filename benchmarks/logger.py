@@ -42,7 +42,6 @@ from hookrun import Runner, hookimpl
 
 BATCH, FEATURES, HIDDEN, CLASSES = 32, 64, 128, 10
 INTERVAL, WINDOW = 50, 20
-ITER_HOOKS = ("before_train_iter", "after_train_iter")
 
 
 def make_data(iters: int) -> DataLoader:
@@ -57,10 +56,9 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
 
 
-def hand_loop(iters: int, timing: bool, probe: list[float] | None = None) -> tuple[float, float]:
+def hand_loop(iters: int, timing: bool) -> tuple[float, float]:
     """What a user writes by hand: smoothed loss and lr (and, with ``timing``, the timer's
-    four figures) to TensorBoard and JSONL plus a console line every 50 iterations.
-    ``probe``: a list that receives the seconds spent in the logging block."""
+    four figures) to TensorBoard and JSONL plus a console line every 50 iterations."""
     model, loader = make_model(), make_data(iters)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     criterion = nn.CrossEntropyLoss()
@@ -85,8 +83,6 @@ def hand_loop(iters: int, timing: bool, probe: list[float] | None = None) -> tup
                 now = time.perf_counter()
                 iter_times.append(now - last)
                 last = now
-            if probe is not None:
-                entered = time.perf_counter()
             if (i + 1) % INTERVAL == 0:
                 step = i + 1
                 values = {
@@ -104,8 +100,6 @@ def hand_loop(iters: int, timing: bool, probe: list[float] | None = None) -> tup
                 log.write(json.dumps({"step": step, "time": round(time.time(), 3), **values}))
                 log.write("\n")
                 print(f"iter {step}/{iters}  loss {values['train/loss']:.4f}")
-            if probe is not None:
-                probe.append(time.perf_counter() - entered)
         elapsed = (time.perf_counter() - start, time.process_time() - start_cpu)
         tb.close()
         log.close()
@@ -163,12 +157,10 @@ class Timing:
 
 
 def runner_loop(
-    iters: int, plugins: dict | None, probe: list[float] | None = None, hand: bool = False
+    iters: int, plugins: dict | None, hand: bool = False
 ) -> tuple[tuple[float, float], list[str]]:
     """Wall and CPU seconds per iteration of the Runner, and the plugins that were active.
-    ``probe``: a list that receives the seconds spent in the logger's per-iteration hooks
-    (a profiled run; the config written once at the start is left out, as the hand loop has
-    none). ``hand``: log with ``HandLogging`` and no writers."""
+    ``hand``: log with ``HandLogging`` and no writers."""
     model = make_model()
     timing = Timing()
     with tempfile.TemporaryDirectory() as work_dir:
@@ -184,11 +176,7 @@ def runner_loop(
             hooks=hooks,
             writers=() if hand else ("jsonl", "tensorboard"),
         )
-        runner.manager.stats.profile = probe is not None
         runner.train()
-        if probe is not None:
-            per_hook = runner.manager.stats.per_hook
-            probe.append(sum(per_hook.get(("logger", h), (0, 0.0))[1] for h in ITER_HOOKS))
     wall, cpu = timing.elapsed
     return (wall / iters, cpu / iters), [
         n for n in runner.plugins if n not in ("Timing", "HandLogging")
@@ -233,13 +221,6 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, fn in cases.items():
                 times[name].append(fn()[0])
-        hand_probe: list[float] = []  # per run: seconds in the hand loop's logging code
-        logger_probe: list[float] = []  # per run: seconds in the logger's hooks
-        for _ in range(5):
-            block: list[float] = []
-            hand_loop(n, timing=False, probe=block)
-            hand_probe.append(sum(block))
-            runner_loop(n, logger_only, probe=logger_probe)
     print(
         f"torch {torch.__version__}, {n} iterations x {args.repeats} alternating runs, 1 thread, "
         f"MLP {FEATURES}-{HIDDEN}-{CLASSES}, batch {BATCH}, log every {INTERVAL}"
@@ -263,13 +244,10 @@ def main() -> None:
             for i, value in enumerate(figures)
         ]
         print(f"{name:28s} " + " ".join(cells))
-    logger_vs_hook = statistics.median(c for _, c in times["hookrun, logger only"]) / (
-        statistics.median(c for _, c in times[hooked])
-    )
-    print(f"logger only / hand logging hook, both in the Runner (cpu med): {logger_vs_hook:.3f}")
+    mine, theirs = stats["hookrun, logger only"], stats[hooked]
     print(
-        "time in the logging code itself (us/iter, min of 5 runs): hand loop's logging block "
-        f"{min(hand_probe) / n * 1e6:.2f}, logger's hooks {min(logger_probe) / n * 1e6:.2f}"
+        "logger only / hand logging hook, both in the Runner: "
+        f"wall min {mine[1] / theirs[1]:.3f}, cpu med {mine[2] / theirs[2]:.3f}"
     )
 
 
