@@ -132,7 +132,7 @@ class PreciseBN(Plugin):
             )
         self._notice(
             runner,
-            f"precise_bn: recomputing {len(layers)} BatchNorm layer(s) of {name!r} "
+            f"precise_bn: recomputed {len(layers)} BatchNorm layer(s) of {name!r} "
             f"over {done} batch(es) per rank",
         )
 
@@ -211,13 +211,9 @@ def training_batches(
         )
         own = DataLoader(dataset, **sampling, **options)
     else:
+        size = len(dataset)  # type: ignore[arg-type]
         batches = shuffled_batches(
-            len(dataset),
-            loader.batch_size,
-            loader.drop_last,
-            seed,
-            rank,
-            world_size,  # type: ignore[arg-type]
+            size, loader.batch_size, loader.drop_last, seed, rank, world_size
         )
         own = DataLoader(dataset, batch_sampler=batches[:num_batches], **options)
     return itertools.islice(iter(own), num_batches)
@@ -251,7 +247,7 @@ class Moments:
 
     def add(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Record a batch ``(N, C, *)`` (statistics over every dim but 1). Returns the batch
-        centred on the pivot, its per-channel sum of squares and sum, and a spare tensor of
+        centred on the pivot, its per-channel sum and sum of squares, and a spare tensor of
         the batch's shape (the squares, no longer needed), from which a BatchNorm normalises
         without reducing the batch again or allocating another batch-sized tensor."""
         work = x.detach()
@@ -367,7 +363,7 @@ def recompute_bn_stats(
     handles, replaced = [], []
     for bn, m in zip(layers, moments, strict=True):
         if type(bn).forward is _BatchNorm.forward and "forward" not in vars(bn):
-            bn.forward = m.forward_for(bn)  # type: ignore[method-assign]
+            bn.forward = m.forward_for(bn)  # type: ignore[method-assign,assignment]
             replaced.append(bn)
         else:
             handles.append(bn.register_forward_pre_hook(m.hook))
