@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import toy_data, toy_runner_kwargs
 from hookrun import Runner, hookimpl
 from hookrun.manager import hook_points
+from hookrun_testutil import toy_data, toy_runner_kwargs
 
 RECORDED = [h for h in hook_points() if h != "extra_models"]
 

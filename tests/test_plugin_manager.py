@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from conftest import toy_runner_kwargs
 from hookrun import Plugin, PluginSettings, Priority, Runner, hookimpl
 from hookrun.errors import PluginError
 from hookrun.manager import PluginManager
+from hookrun_testutil import toy_runner_kwargs
 
 PLUGIN_SOURCE = """
 from pydantic import Field

@@ -104,7 +104,7 @@ def test_truncated_newest_checkpoint_is_named_and_skipped(tmp_path):
 
 
 def test_resume_from_missing_path_is_a_clear_error(tmp_path):
-    from conftest import toy_runner_kwargs
+    from hookrun_testutil import toy_runner_kwargs
 
     runner = Runner(**toy_runner_kwargs(tmp_path))
     with pytest.raises(CheckpointError, match="checkpoint not found: .*nope.pt"):

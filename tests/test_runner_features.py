@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import toy_data, toy_runner_kwargs
 from hookrun import Runner, hookimpl
 from hookrun.errors import ConfigError
+from hookrun_testutil import toy_data, toy_runner_kwargs
 
 
 def fixed_data(n=16, batch_size=4):

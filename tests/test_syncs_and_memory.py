@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from conftest import toy_data
 from hookrun import Runner, hookimpl
+from hookrun_testutil import toy_data
 
 SYNC_METHODS = ["item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"]
 

@@ -7,9 +7,9 @@ import json
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import toy_runner_kwargs
 from hookrun import Runner, hookimpl
 from hookrun.errors import ConfigError
+from hookrun_testutil import toy_runner_kwargs
 
 
 class EveryTwo:

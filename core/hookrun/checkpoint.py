@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
@@ -95,11 +96,26 @@ def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
 
 
 def candidates(folder: Path) -> list[Path]:
-    """Checkpoint files in ``folder``, newest first (modification time, then name)."""
+    """Checkpoint files in ``folder``, newest first.
+
+    A ``latest`` text file naming a checkpoint in the folder puts that one first; the rest
+    go by modification time, ties broken by the numbers in their names (iter_10 > iter_8).
+    """
     if not folder.is_dir():
         return []
     files = [p for p in folder.glob("*.pt") if p.is_file()]
-    return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+    files.sort(key=lambda p: (p.stat().st_mtime_ns, _natural(p.name)), reverse=True)
+    pointer = folder / "latest"
+    if pointer.is_file():
+        named = folder / pointer.read_text(encoding="utf-8").strip()
+        if named in files:
+            files.remove(named)
+            files.insert(0, named)
+    return files
+
+
+def _natural(name: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def newest_loadable(

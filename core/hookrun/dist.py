@@ -49,6 +49,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank; also a barrier (a plain bool outside torchrun)."""
+    if not is_distributed():
+        return flag
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum ``tensor`` over ranks in place (a no-op in a single process)."""
     if is_distributed():

@@ -204,9 +204,16 @@ class Runner:
         """Write a checkpoint atomically (rank 0 writes, every rank waits for it)."""
         path = Path(path)
         state = self.checkpoint_state(save_optimizer)
+        error = None
         if self.is_main:
-            ckpt_io.write(state, path)
-        dist.barrier()
+            try:
+                ckpt_io.write(state, path)
+            except CheckpointError as exc:
+                error = exc
+        if dist.any_rank(error is not None) and error is None:  # every rank waits, all fail
+            error = CheckpointError(f"rank 0 could not write checkpoint {path}")
+        if error is not None:
+            raise error
         return path
 
     def load_checkpoint(self, path: str | Path, resume: bool = True) -> dict[str, Any]:
@@ -294,7 +301,7 @@ class Runner:
                     self.unwrapped_model.train()
                     self.hooks.before_train_epoch(runner=self)
                     self._train_epoch(loader, pos["batch"], per_epoch)
-                self._end_epoch()
+                self._end_epoch(per_epoch)
             if self._epoch_val_pending():
                 self._validate()
             if self.stop_training or self._iters_done():
@@ -380,10 +387,14 @@ class Runner:
             self.scalars.put("train/" + name, value)
         return outputs
 
-    def _end_epoch(self) -> None:
-        if self.scheduler is not None and self.scheduler_interval == "epoch":
+    def _end_epoch(self, per_epoch: int) -> None:
+        """Close an epoch; one cut short by ``stop_training`` stays resumable mid-epoch."""
+        pos = self._pos
+        complete = pos["batch"] >= per_epoch
+        if complete and self.scheduler is not None and self.scheduler_interval == "epoch":
             self.scheduler.step()
-        self._pos["phase"] = "trained"
+        if complete or self._iters_done():
+            pos["phase"] = "trained"
         dist.broadcast_buffers(self.unwrapped_model)
         self.hooks.after_train_epoch(runner=self)
         self.epoch = self._pos["epoch"] + 1
