@@ -79,9 +79,10 @@ class EpochBatches(Sampler[list[int]]):
     (``DistributedSampler``) are told the epoch.
     """
 
-    def __init__(self, batch_sampler: Iterable[list[int]], seed: int) -> None:
+    def __init__(self, batch_sampler: Iterable[list[int]], seed: int, seeded: bool) -> None:
         self.batch_sampler = batch_sampler
         self.seed = seed
+        self.seeded = seeded  # worker processes need each batch's seed; the main process not
         self.epoch = 0
         self.skip = 0
 
@@ -98,6 +99,9 @@ class EpochBatches(Sampler[list[int]]):
             if hasattr(obj, "set_epoch"):
                 obj.set_epoch(epoch)
         batches = itertools.islice(iter(self.batch_sampler), skip, None)
+        if not self.seeded:
+            yield from batches
+            return
         for number, indices in enumerate(batches, start=skip):
             yield SeededBatch(indices, mix_seed(self.seed, epoch, number))
 
@@ -112,10 +116,10 @@ class ResumableLoader:
             assert loader.batch_size is not None
             batch_sampler = BatchSampler(sampler, loader.batch_size, loader.drop_last)
         assert batch_sampler is not None
-        self.batches = EpochBatches(batch_sampler, seed)
         workers = loader.num_workers
+        self.batches = EpochBatches(batch_sampler, seed, seeded=workers > 0)
         self.loader = DataLoader(
-            SeededDataset(loader.dataset),
+            SeededDataset(loader.dataset) if workers > 0 else loader.dataset,
             batch_sampler=self.batches,
             num_workers=workers,
             collate_fn=loader.collate_fn,

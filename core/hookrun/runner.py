@@ -75,6 +75,7 @@ class Runner:
         if amp == "fp16" and self.device.type != "cuda":
             raise ConfigError("runner.amp: 'fp16' needs a CUDA device; use 'bf16' on CPU")
         self.unwrapped_model = model.to(self.device)
+        self._training_step = getattr(model, "training_step", None)
         self.model: nn.Module = self.unwrapped_model
         if self.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -340,9 +341,11 @@ class Runner:
 
     def _train_epoch(self, loader: Any, skip: int, per_epoch: int) -> None:
         hooks, pos, device = self.hooks, self._pos, self.device
+        move = device.type != "cpu"  # loaders yield CPU tensors; moving them to CPU is a no-op
         for batch_idx, batch in enumerate(loader.epoch_iter(pos["epoch"], skip), start=skip):
             self.inner_iter = batch_idx
-            batch = to_device(batch, device)
+            if move:
+                batch = to_device(batch, device)
             hooks.before_train_iter(runner=self, batch_idx=batch_idx, batch=batch)
             outputs = self._train_step(batch, batch_idx, per_epoch)
             hooks.after_train_iter(runner=self, batch_idx=batch_idx, batch=batch, outputs=outputs)
@@ -356,14 +359,20 @@ class Runner:
         optimizer = self.optimizer
         assert optimizer is not None
         boundary = (batch_idx + 1) % self.grad_accum == 0 or batch_idx + 1 == per_epoch
-        sync = (
-            contextlib.nullcontext() if boundary or self.world_size == 1 else self.model.no_sync()  # type: ignore[operator]
-        )
-        with sync, self._autocast():
-            losses = training_losses(self.model, self.unwrapped_model, self.criterion, batch)
-        loss = losses["loss"] / self.grad_accum if self.grad_accum > 1 else losses["loss"]
-        with sync:
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        model, module, step = self.model, self.unwrapped_model, self._training_step
+        if self.amp is None and self.world_size == 1:  # the common case, without context managers
+            losses = training_losses(model, module, step, self.criterion, batch)
+            loss = losses["loss"]
+            (loss / self.grad_accum if self.grad_accum > 1 else loss).backward()
+        else:
+            sync = (
+                contextlib.nullcontext() if boundary or self.world_size == 1 else model.no_sync()  # type: ignore[operator]
+            )
+            with sync, self._autocast():
+                losses = training_losses(model, module, step, self.criterion, batch)
+            loss = losses["loss"] / self.grad_accum if self.grad_accum > 1 else losses["loss"]
+            with sync:
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         if boundary:
             if self.clip_grad:
                 if self.scaler is not None:

@@ -28,14 +28,17 @@ def check_convention(model: nn.Module, criterion: Any) -> None:
 
 
 def training_losses(
-    model: nn.Module, module: nn.Module, criterion: Any, batch: Any
+    model: nn.Module,
+    module: nn.Module,
+    step: Callable[..., Any] | None,
+    criterion: Any,
+    batch: Any,
 ) -> dict[str, torch.Tensor]:
     """Losses of one batch as a dict with ``"loss"`` first.
 
-    ``model`` may be a DDP wrapper of ``module``; ``training_step`` is looked up on the
-    module but the forward must go through the wrapper for DDP's gradient hooks.
+    ``model`` may be a DDP wrapper of ``module``; ``step`` is the module's ``training_step``
+    (or None), called through the wrapper so DDP's gradient hooks fire.
     """
-    step = getattr(module, "training_step", None)
     if step is not None:
         out = step(batch) if model is module else _through_wrapper(model, module, step, batch)
     else:
