@@ -14,7 +14,8 @@ nox.options.reuse_existing_virtualenvs = True
 ROOT = Path(__file__).parent
 CONSTRAINTS = ["-c", str(ROOT / "constraints.txt")]
 PLUGINS = sorted(p for p in (ROOT / "plugins").glob("hookrun-*") if (p / "pyproject.toml").exists())
-TEST_DEPS = ["pytest>=8", "scikit-learn", "tensorboard", "numpy"]
+TEST_DEPS = ["pytest>=8", "scikit-learn", "tensorboard", "numpy", "setuptools>=70"]
+DOCS_DEPS = ["mkdocs-material", "jsonschema"]
 
 
 def install_project(session: nox.Session, *extra: str) -> None:
@@ -28,7 +29,7 @@ def install_project(session: nox.Session, *extra: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite: core, CLI, cross-plugin and every plugin's own tests."""
-    install_project(session)
+    install_project(session, *DOCS_DEPS)
     paths = ["tests", *(str(p / "tests") for p in PLUGINS if (p / "tests").exists())]
     session.run("pytest", "-q", "-p", "no:cacheprovider", *paths, *session.posargs)
 
@@ -51,7 +52,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the documentation site with --strict."""
-    install_project(session, "mkdocs-material")
+    install_project(session, *DOCS_DEPS)
     session.run("mkdocs", "build", "--strict", "--site-dir", str(ROOT / "site"))
 
 
@@ -60,7 +61,16 @@ def demo(session: nox.Session) -> None:
     """Train the digits job with all five plugins (the README's first command)."""
     install_project(session)
     work_dir = session.posargs[0] if session.posargs else "runs/digits"
-    session.run("hookrun", "train", "examples/digits/config.yaml", "--work-dir", work_dir)
+    # --resume auto: a fresh folder starts training, a finished run is only tested again
+    session.run(
+        "hookrun",
+        "train",
+        "examples/digits/config.yaml",
+        "--work-dir",
+        work_dir,
+        "--resume",
+        "auto",
+    )
 
 
 @nox.session
