@@ -95,7 +95,9 @@ class HookStats:
         self.per_hook: dict[tuple[str, str], list[float]] = {}
 
     def record(self, owner: str, hook: str, seconds: float) -> None:
-        entry = self.per_hook.setdefault((owner, hook), [0, 0.0])
+        entry = self.per_hook.get((owner, hook))
+        if entry is None:
+            entry = self.per_hook[(owner, hook)] = [0, 0.0]
         entry[0] += 1
         entry[1] += seconds
 

@@ -21,6 +21,13 @@ class ScalarStore:
         self._latest: dict[str, Any] = {}
         self._history: dict[str, deque[Any]] = {}
 
+    def ensure_window(self, window: int) -> None:
+        """Keep at least ``window`` values per name from now on (existing histories too)."""
+        if window > self.window:
+            self.window = window
+            for name, history in self._history.items():
+                self._history[name] = deque(history, maxlen=window)
+
     def put(self, name: str, value: Any) -> None:
         self._latest[name] = value
         history = self._history.get(name)

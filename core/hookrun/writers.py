@@ -108,7 +108,7 @@ class TensorBoardWriter(Writer):
         self._writer.add_image(name, tensor.numpy(), step)
 
     def write_config(self, config: Mapping[str, Any]) -> None:
-        text = "```yaml\n" + json.dumps(config, indent=2, default=str) + "\n```"
+        text = "```json\n" + json.dumps(config, indent=2, default=str) + "\n```"
         self._writer.add_text("config", text, 0)
 
     def flush(self) -> None:

@@ -78,8 +78,7 @@ class Logger(Plugin):
 
     @hookimpl
     def before_run(self, runner: Any) -> None:
-        if runner.scalars.window < self.settings.window:
-            runner.scalars.window = self.settings.window
+        runner.scalars.ensure_window(self.settings.window)
         if not runner.is_main:
             self.display = "off"
             return
