@@ -31,6 +31,9 @@ def model() -> nn.Module:
     )
 
 
+PLUGINS = {"timer": {"warmup": 1, "window": 3}, "logger": {"interval": 6}}
+
+
 class Job:
     """Checkpoints every 3 iterations; optionally dies or raises at an iteration."""
 
@@ -58,6 +61,7 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=-1)
     parser.add_argument("--fail-at", type=int, default=-1)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--with-plugins", action="store_true")
     args = parser.parse_args()
     net = model()
     runner = Runner(
@@ -69,7 +73,8 @@ def main() -> None:
         metrics={"accuracy": lambda out, y: (out.argmax(1) == y).float().mean()},
         max_epochs=3,
         work_dir=args.work_dir,
-        writers=("tensorboard",),
+        writers=("tensorboard", "jsonl") if args.with_plugins else ("tensorboard",),
+        plugins=PLUGINS if args.with_plugins else None,
         hooks=[Job(args.kill_at, args.fail_at)],
         seed=5,
     )

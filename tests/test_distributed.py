@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -96,3 +97,13 @@ def test_exception_on_one_rank_ends_both(tmp_path):
     assert "injected failure on rank 1" in proc.stdout + proc.stderr
     assert (tmp_path / "on_exception_rank1.txt").exists()
     assert not (tmp_path / "final.pt").exists()
+
+
+def test_timer_and_logger_report_from_rank_0_with_the_slowest_data_time(tmp_path):
+    proc = torchrun(tmp_path, "--with-plugins")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    train = [line for line in lines if "train/loss" in line]
+    assert [line["step"] for line in train] == [6, 12, 18]  # one writer: rank 0's
+    assert all(line["train/data_time_max"] >= 0 for line in train)
+    assert proc.stdout.count("Overall training speed") == 1

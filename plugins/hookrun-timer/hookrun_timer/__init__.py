@@ -121,7 +121,10 @@ class Timer(Plugin):
             scalars = runner.scalars
             seconds, throughput = segment.speed()
             scalars.put("train/time", seconds)
-            scalars.put("train/data_time", segment.data_sum / len(segment.data))
+            data_time = segment.data_sum / len(segment.data)
+            scalars.put("train/data_time", data_time)
+            if runner.world_size > 1 and segment.timed_iters % self.settings.window == 0:
+                scalars.put("train/data_time_max", slowest(data_time, runner.device))
             scalars.put("train/throughput", throughput)
             scalars.put("train/eta", self.eta(runner))
 
@@ -428,3 +431,12 @@ def profile_table(rows: list[dict[str, Any]]) -> Table:
 def hms(seconds: float) -> str:
     """``H:MM:SS`` for a duration in seconds."""
     return str(datetime.timedelta(seconds=round(max(seconds, 0.0))))
+
+
+def slowest(data_time: float, device: Any) -> float:
+    """The slowest rank's data time: one small all-reduce, every ``window`` iterations on
+    every rank (a loader starving one rank stalls them all)."""
+    from hookrun.dist import all_reduce_max
+
+    value = torch.tensor([data_time], dtype=torch.float64, device=device)
+    return float(all_reduce_max(value).item())
