@@ -390,7 +390,7 @@ def schema() -> dict[str, Any]:
         section = create_model(
             f"{settings_cls.__name__}Section",
             __base__=settings_cls,
-            priority=(
+            priority=(  # type: ignore[arg-type]  # a Literal built at run time
                 int | Literal[tuple(p.name for p in Priority)] | None,
                 Field(
                     None,
