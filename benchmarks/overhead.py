@@ -16,6 +16,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -103,6 +104,28 @@ class Timing:
         self.elapsed = time.perf_counter() - self.start
 
 
+def measure(cases: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
+    """Median seconds per iteration of each case: one warm-up each, then alternating runs
+    (console output of the contenders is swallowed)."""
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        for fn in cases.values():
+            fn()
+        for _ in range(repeats):
+            for name, fn in cases.items():
+                times[name].append(fn())
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def report(title: str, medians: dict[str, float]) -> None:
+    base = medians["hand-written loop"]
+    print(title)
+    print(f"{'case':28s} {'us/iter':>9s} {'overhead':>9s} {'ratio':>7s}")
+    for name, median in medians.items():
+        print(f"{name:28s} {median * 1e6:9.1f} {(median - base) * 1e6:+9.1f} {median / base:7.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=3000)
@@ -115,22 +138,11 @@ def main() -> None:
         "hookrun, no plugins": lambda: runner_loop(args.iters, {}),
         "hookrun, default plugins": lambda: runner_loop(args.iters, None),
     }
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    with contextlib.redirect_stdout(io.StringIO()):  # the logger's console lines
-        for fn in cases.values():  # warm-up
-            fn()
-        for _ in range(args.repeats):
-            for name, fn in cases.items():
-                times[name].append(fn())
-    base = statistics.median(times["hand-written loop"])
-    print(
+    report(
         f"torch {torch.__version__}, {args.iters} iterations x {args.repeats} alternating runs, "
-        f"1 thread, MLP {FEATURES}-{HIDDEN}-{CLASSES}, batch {BATCH}"
+        f"1 thread, MLP {FEATURES}-{HIDDEN}-{CLASSES}, batch {BATCH}",
+        measure(cases, args.repeats),
     )
-    print(f"{'case':28s} {'us/iter':>9s} {'ratio':>7s}")
-    for name, values in times.items():
-        median = statistics.median(values)
-        print(f"{name:28s} {median * 1e6:9.1f} {median / base:7.3f}")
 
 
 if __name__ == "__main__":

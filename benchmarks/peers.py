@@ -12,16 +12,13 @@ installed are listed as skipped; `nox -s bench` installs MMEngine, Lightning and
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 
 import torch
-from overhead import BATCH, hand_loop, make_data, make_model, runner_loop
+from overhead import BATCH, hand_loop, make_data, make_model, measure, report, runner_loop
 from torch import nn
 
 
@@ -149,24 +146,11 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     torch.set_num_threads(1)
     os.environ["HOOKRUN_DISABLE_PLUGINS"] = "ema,precise_bn"
-    cases = contenders(args.iters)
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        for fn in cases.values():
-            fn()
-        for _ in range(args.repeats):
-            for name, fn in cases.items():
-                times[name].append(fn())
-    base = statistics.median(times["hand-written loop"])
-    print(
+    report(
         f"torch {torch.__version__}; {args.iters} iterations x {args.repeats} alternating runs; "
-        f"1 thread; MLP, batch {BATCH}; log every 50 iterations; no checkpoint in the timing"
+        f"1 thread; MLP, batch {BATCH}; log every 50 iterations; no checkpoint in the timing",
+        measure(contenders(args.iters), args.repeats),
     )
-    print(f"{'contender':28s} {'us/iter':>9s} {'overhead':>9s} {'ratio':>7s}")
-    for name, values in times.items():
-        median = statistics.median(values)
-        print(f"{name:28s} {median * 1e6:9.1f} {(median - base) * 1e6:+9.1f} {median / base:7.3f}")
 
 
 if __name__ == "__main__":

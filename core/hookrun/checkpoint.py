@@ -28,12 +28,16 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
     A temporary file in the same folder is written, flushed and fsynced, then renamed over
     ``path``, and the folder is fsynced so the rename itself survives a power cut.
     """
+    return _atomic(path, lambda f: torch.save(obj, f))
+
+
+def _atomic(path: str | Path, fill: Callable[[Any], object]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -61,18 +65,7 @@ def write(state: dict[str, Any], path: str | Path) -> Path:
 
 def atomic_write_text(text: str, path: str | Path) -> None:
     """Replace a small text file (a pointer such as ``latest``) atomically."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    _atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def fsync_dir(folder: Path) -> None:
