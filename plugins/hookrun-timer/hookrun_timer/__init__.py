@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -81,6 +82,7 @@ class Timer(Plugin):
         self.totals: dict[str, float] = dict.fromkeys(TOTAL_KEYS, 0.0)  # earlier segments
         self.profile_rows: dict[tuple[str, str], list[float]] = {}  # earlier segments
         self.segment: Segment | None = None
+        self.deferred: list[tuple[str, Deferred]] = []
         self.profile_was = False  # the core's profiling switch before this run turned it on
 
     @hookimpl
@@ -98,7 +100,13 @@ class Timer(Plugin):
         self.profile_was = stats.profile
         if self.settings.profile_hooks:
             stats.profile = True
-        self.segment = Segment(runner, self.settings, use_events)
+        segment = self.segment = Segment(runner, self.settings, use_events)
+        self.deferred = [
+            ("train/time", Deferred(lambda: float(segment.speed()[0]))),
+            ("train/data_time", Deferred(segment.data_time)),
+            ("train/throughput", Deferred(lambda: float(segment.speed()[1]))),
+            ("train/eta", Deferred(lambda: self.eta(runner, segment))),
+        ]
 
     @hookimpl
     def before_train(self, runner: Any) -> None:
@@ -118,15 +126,11 @@ class Timer(Plugin):
             return
         segment.iteration_done()
         if segment.timed:
-            scalars = runner.scalars
-            seconds, throughput = segment.speed()
-            scalars.put("train/time", seconds)
-            data_time = segment.data_sum / len(segment.data)
-            scalars.put("train/data_time", data_time)
+            put = runner.scalars.put
+            for name, value in self.deferred:  # computed only when read, once per interval
+                put(name, value)
             if runner.world_size > 1 and segment.timed_iters % self.settings.window == 0:
-                scalars.put("train/data_time_max", slowest(data_time, runner.device))
-            scalars.put("train/throughput", throughput)
-            scalars.put("train/eta", self.eta(runner))
+                put("train/data_time_max", slowest(segment.data_time(), runner.device))
 
     @hookimpl
     def before_val(self) -> None:
@@ -173,18 +177,16 @@ class Timer(Plugin):
 
     # -- figures -------------------------------------------------------------------------
 
-    def eta(self, runner: Any) -> float:
+    def eta(self, runner: Any, segment: Segment) -> float:
         """Seconds left: remaining iterations at this process's mean period after warm-up,
         plus the remaining validation passes at their measured mean (none until one ran)."""
-        segment = self.segment
-        assert segment is not None
         done = runner.iter + 1
         eta = (segment.max_iters - done) * segment.timed_seconds / segment.timed_iters
         val_passes = self.totals["val_passes"] + segment.val_passes
         if val_passes:
             val_mean = (self.totals["val_seconds"] + segment.val_seconds) / val_passes
             eta += remaining_validations(runner, segment, done) * val_mean
-        return eta
+        return max(eta, 0.0)  # read after the run ended, nothing is left
 
     def current_totals(self) -> dict[str, float]:
         totals = dict(self.totals)
@@ -243,6 +245,8 @@ class Segment:
             deque(maxlen=settings.window) if use_events else None
         )
         self.last_event: Any = None
+        self._speed: tuple[Any, Any] = (0.0, 0.0)
+        self._speed_at = -1
         self.training = False
         self.timed = False  # past warm-up: the averages exist
         self.iters = self.timed_iters = self.val_passes = 0
@@ -299,7 +303,16 @@ class Segment:
             self.events.append((self.last_event, end_event, self.batch_samples))
             self.last_event = end_event
 
+    def data_time(self) -> float:
+        return self.data_sum / len(self.data)
+
     def speed(self) -> tuple[Any, Any]:
+        """The window's speed, computed once per iteration however often it is read."""
+        if self._speed_at != self.iters:
+            self._speed, self._speed_at = self._window_speed(), self.iters
+        return self._speed
+
+    def _window_speed(self) -> tuple[Any, Any]:
         """Seconds per iteration and samples/s over the window: floats, or with CUDA events
         two lazy values sharing one measurement."""
         if self.events is not None:
@@ -356,6 +369,18 @@ class EventWindow:
     def throughput(self) -> float:
         seconds, samples = self.measure()
         return samples / seconds if seconds > 0 else 0.0
+
+
+class Deferred:
+    """A scalar computed only when ``float()`` is called on it (``ScalarStore`` does so)."""
+
+    __slots__ = ("compute",)
+
+    def __init__(self, compute: Callable[[], float]) -> None:
+        self.compute = compute
+
+    def __float__(self) -> float:
+        return float(self.compute())
 
 
 class Lazy:
