@@ -34,26 +34,13 @@ from collections import deque
 from pathlib import Path
 
 import torch
+from overhead import BATCH, CLASSES, FEATURES, HIDDEN, make_data, make_model
 from tensorboardX import SummaryWriter
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from hookrun import Runner, hookimpl
 
-BATCH, FEATURES, HIDDEN, CLASSES = 32, 64, 128, 10
 INTERVAL, WINDOW = 50, 20
-
-
-def make_data(iters: int) -> DataLoader:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(iters * BATCH, FEATURES, generator=g)
-    y = torch.randint(0, CLASSES, (iters * BATCH,), generator=g)
-    return DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True)
-
-
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
 
 
 def hand_loop(iters: int, timing: bool) -> tuple[float, float]:

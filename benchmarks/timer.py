@@ -23,19 +23,10 @@ import time
 from typing import Any
 
 import torch
+from overhead import BATCH, CLASSES, FEATURES, HIDDEN, make_data, make_model
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from hookrun import Runner, hookimpl
-
-BATCH, FEATURES, HIDDEN, CLASSES = 32, 64, 128, 10
-
-
-def make_data(iters: int) -> DataLoader:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(iters * BATCH, FEATURES, generator=g)
-    y = torch.randint(0, CLASSES, (iters * BATCH,), generator=g)
-    return DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True)
 
 
 class ReadLoss:
@@ -67,8 +58,7 @@ class Timing:
 def run(iters: int, plugins: dict[str, Any]) -> tuple[float, float, float, float]:
     """Wall and CPU seconds per iteration, and the seconds per iteration in the timer's hooks
     and in ReadLoss's one-line hook, for scale (both known in profiled runs only)."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+    model = make_model()
     timing = Timing()
     with tempfile.TemporaryDirectory() as work_dir:
         runner = Runner(
