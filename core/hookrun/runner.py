@@ -411,9 +411,8 @@ class Runner:
     def _validate(self) -> None:
         loader = self._loaders["val"]
         assert loader is not None
-        self._evaluation_loop(loader, "val", hooks=True)
+        self._evaluation_loop(loader, "val", hooks=True)  # restores the training mode
         self._pos["phase"] = "validated"
-        self.unwrapped_model.train()
 
     def _evaluate_alone(self, mode: str) -> dict[str, float]:
         loader = self._loaders[mode]
