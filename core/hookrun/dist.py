@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -29,7 +31,18 @@ def init_from_env(timeout_s: float = 300.0) -> tuple[int, int, int]:
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    atexit.register(_leave_process_group)
     return dist.get_rank(), dist.get_world_size(), local_rank
+
+
+def _leave_process_group() -> None:
+    """Free unreachable runners (their DDP wrapper holds the group) and tear the group down
+    while the interpreter still runs. Left to its shutdown, a gloo worker thread that drops
+    the last reference to a tensor needs the GIL after Python stopped handing it out, and the
+    process aborts after a finished run ("terminate called without an active exception")."""
+    if dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()
 
 
 def is_distributed() -> bool:
