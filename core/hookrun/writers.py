@@ -6,8 +6,10 @@ there too, so third-party writers are found exactly the same way.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -76,46 +78,82 @@ class JsonlWriter(Writer):
             self._file.close()
 
 
-class TensorBoardWriter(Writer):
-    """TensorBoard event files in ``<work_dir>/tensorboard`` through tensorboardX.
+_OPENED = itertools.count()
 
-    The queue is large so logging never blocks training; ``close()`` drains it (``flush()``
-    alone does not, see FACTS).
+
+class TensorBoardWriter(Writer):
+    """TensorBoard event files in ``<work_dir>/tensorboard``, built from tensorboardX's summary
+    protos and written with its ``EventsWriter``.
+
+    Each ``write_scalars`` call is one event holding every value, appended to a buffered file
+    in the calling thread; the file is flushed every ``flush_secs`` and on ``flush()`` /
+    ``close()``. tensorboardX's ``SummaryWriter`` sends every value through a
+    ``multiprocessing.Queue`` to helper threads whose pickling and writing take the GIL while
+    training runs; here nothing runs in the background (docs/benchmarks.md).
     """
 
     def __init__(
-        self,
-        work_dir: str | Path,
-        subdir: str = "tensorboard",
-        max_queue: int = 1000,
-        flush_secs: int = 30,
+        self, work_dir: str | Path, subdir: str = "tensorboard", flush_secs: float = 30
     ) -> None:
         super().__init__(work_dir)
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
 
         self.log_dir = self.work_dir / subdir
-        self._writer = SummaryWriter(str(self.log_dir), max_queue=max_queue, flush_secs=flush_secs)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.flush_secs = flush_secs
+        # tensorboardX names the file by the second it opens it: the suffix keeps two writers
+        # opened in the same second (train, then test) from overwriting each other
+        suffix = f".{os.getpid()}.{next(_OPENED)}"
+        self._events = EventsWriter(str(self.log_dir / "events"), suffix)
+        self._flushed_at = time.monotonic()
+        self._tags: dict[str, str] = {}
 
     def write_scalars(self, scalars: Mapping[str, float], step: int) -> None:
-        for name, value in scalars.items():
-            self._writer.add_scalar(name, float(value), step)
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        tags = self._tags
+        values = [
+            Summary.Value(tag=tags.get(name) or self._tag(name), simple_value=float(value))
+            for name, value in scalars.items()
+        ]
+        self._write(Summary(value=values), step)
 
     def write_image(self, name: str, image: Any, step: int) -> None:
         """``image``: CHW float in [0, 1] (clamped, see FACTS) or uint8."""
+        from tensorboardX.summary import image as image_summary
+
         tensor = torch.as_tensor(image).detach().cpu()
         if tensor.dtype != torch.uint8:
             tensor = (tensor.float().clamp(0, 1) * 255).round().to(torch.uint8)
-        self._writer.add_image(name, tensor.numpy(), step)
+        self._write(image_summary(name, tensor.numpy()), step)
 
     def write_config(self, config: Mapping[str, Any]) -> None:
-        text = "```json\n" + json.dumps(config, indent=2, default=str) + "\n```"
-        self._writer.add_text("config", text, 0)
+        from tensorboardX.summary import text
+
+        self._write(
+            text("config", "```json\n" + json.dumps(config, indent=2, default=str) + "\n```"), 0
+        )
 
     def flush(self) -> None:
-        self._writer.flush()
+        self._events.flush()
+        self._flushed_at = time.monotonic()
 
     def close(self) -> None:
-        self._writer.close()
+        self._events.close()
+
+    def _write(self, summary: Any, step: int) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+
+        self._events.write_event(Event(wall_time=time.time(), step=step, summary=summary))
+        if time.monotonic() - self._flushed_at >= self.flush_secs:
+            self.flush()
+
+    def _tag(self, name: str) -> str:
+        """The tag tensorboardX's ``add_scalar`` writes for ``name``, worked out once."""
+        from tensorboardX.summary import scalar
+
+        tag = self._tags[name] = scalar(name, 0.0).value[0].tag
+        return tag
 
 
 BUILTIN_WRITERS: dict[str, type[Writer]] = {"jsonl": JsonlWriter, "tensorboard": TensorBoardWriter}
