@@ -9,9 +9,10 @@ a microsecond per implementation.
 from __future__ import annotations
 
 import inspect
+import operator
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import pluggy
 from pydantic import ValidationError
@@ -41,6 +42,29 @@ def hook_arguments(name: str) -> list[str]:
     return list(inspect.signature(getattr(hookspecs, name)).parameters)
 
 
+class Impl(NamedTuple):
+    """One implementation of a hook point, called with the arguments it names, positionally:
+    picking them with an ``itemgetter`` costs a third of building a keyword dict per call."""
+
+    function: Callable[..., Any]
+    argnames: tuple[str, ...]
+    owner: str
+    pick: Callable[[dict[str, Any]], Any] | None  # None when it takes no argument
+
+    @classmethod
+    def of(cls, function: Callable[..., Any], argnames: Iterable[str], owner: str) -> Impl:
+        names = tuple(argnames)
+        return cls(function, names, owner, operator.itemgetter(*names) if names else None)
+
+    def call(self, kwargs: dict[str, Any]) -> Any:
+        pick = self.pick
+        if pick is None:
+            return self.function()
+        if len(self.argnames) == 1:
+            return self.function(pick(kwargs))
+        return self.function(*pick(kwargs))
+
+
 class HookCaller:
     """Calls one hook point's implementations in priority order and times them."""
 
@@ -48,7 +72,7 @@ class HookCaller:
 
     def __init__(self, name: str, stats: HookStats) -> None:
         self.name = name
-        self.impls: list[tuple[Callable[..., Any], tuple[str, ...], str]] = []
+        self.impls: list[Impl] = []
         self.fallback: Callable[..., Any] | None = None
         self.stats = stats
 
@@ -64,8 +88,8 @@ class HookCaller:
             if stats.profile:
                 return self._call_profiled(kwargs)
             results = []
-            for fn, argnames, _ in self.impls:
-                result = fn(**{a: kwargs[a] for a in argnames})
+            for impl in self.impls:
+                result = impl.call(kwargs)
                 if result is not None:
                     results.append(result)
             return results
@@ -76,10 +100,10 @@ class HookCaller:
 
     def _call_profiled(self, kwargs: dict[str, Any]) -> list[Any]:
         results = []
-        for fn, argnames, owner in self.impls:
+        for impl in self.impls:
             start = time.perf_counter()
-            result = fn(**{a: kwargs[a] for a in argnames})
-            self.stats.record(owner, self.name, time.perf_counter() - start)
+            result = impl.call(kwargs)
+            self.stats.record(impl.owner, self.name, time.perf_counter() - start)
             if result is not None:
                 results.append(result)
         return results
@@ -232,13 +256,13 @@ class PluginManager:
         for impl in reversed(impls):
             if impl.hookwrapper or impl.wrapper:
                 continue
-            caller.impls.append((impl.function, tuple(impl.argnames), impl.plugin_name))
+            caller.impls.append(Impl.of(impl.function, impl.argnames, impl.plugin_name))
         return caller
 
     def table(self) -> list[tuple[str, list[str]]]:
         """Each hook point with the plugins serving it, in call order."""
         return [
-            (hook, [owner for _, _, owner in getattr(self.hooks, hook).impls])
+            (hook, [impl.owner for impl in getattr(self.hooks, hook).impls])
             for hook in hook_points()
         ]
 

@@ -274,12 +274,15 @@ class Runner:
                 self.writers = []
 
     def _on_exception(self, exc: BaseException) -> None:
-        for fn, argnames, owner in self.hooks.on_exception.impls:
-            kwargs = {"runner": self, "exception": exc}
+        kwargs = {"runner": self, "exception": exc}
+        for impl in self.hooks.on_exception.impls:
             try:
-                fn(**{a: kwargs[a] for a in argnames})
+                impl.call(kwargs)
             except Exception as hook_exc:  # never hide the original exception
-                print(f"[hookrun] on_exception of {owner!r} failed: {hook_exc!r}", file=sys.stderr)
+                print(
+                    f"[hookrun] on_exception of {impl.owner!r} failed: {hook_exc!r}",
+                    file=sys.stderr,
+                )
 
     def _train_loop(self) -> None:
         loader = self._loaders["train"]
