@@ -125,12 +125,11 @@ class Timer(Plugin):
         if segment is None:
             return
         segment.iteration_done()
-        if segment.timed:
-            put = runner.scalars.put
-            for name, value in self.deferred:  # computed only when read, once per interval
-                put(name, value)
-            if runner.world_size > 1 and segment.timed_iters % self.settings.window == 0:
-                put("train/data_time_max", slowest(segment.data_time(), runner.device))
+        timed = segment.timed_iters
+        if timed == 1:  # live values, put once: each computes the current window when read
+            runner.scalars.update(dict(self.deferred))
+        if segment.world_size > 1 and timed and timed % self.settings.window == 0:
+            runner.scalars.put("train/data_time_max", slowest(segment.data_time(), runner.device))
 
     @hookimpl
     def before_val(self) -> None:
@@ -236,11 +235,8 @@ class Segment:
         self.profile_start = {k: tuple(v) for k, v in self.stats.per_hook.items()}
         self.warmup = settings.warmup
         self.world_size = runner.world_size
-        self.data: deque[float] = deque(maxlen=settings.window)
-        self.periods: deque[float] = deque(maxlen=settings.window)
-        self.samples: deque[int] = deque(maxlen=settings.window)
-        self.data_sum = self.period_sum = 0.0
-        self.sample_sum = 0
+        # (period, data time, samples) of the last `window` timed iterations; summed when read
+        self.window: deque[tuple[float, float, int]] = deque(maxlen=settings.window)
         self.events: deque[tuple[Any, Any, int]] | None = (
             deque(maxlen=settings.window) if use_events else None
         )
@@ -248,7 +244,6 @@ class Segment:
         self._speed: tuple[Any, Any] = (0.0, 0.0)
         self._speed_at = -1
         self.training = False
-        self.timed = False  # past warm-up: the averages exist
         self.iters = self.timed_iters = self.val_passes = 0
         self.seconds = self.timed_seconds = self.val_seconds = 0.0
         self.mark = self.hooks_mark = self.pause_start = self.pause_hooks = 0.0
@@ -275,36 +270,26 @@ class Segment:
         self.batch_samples = samples(batch) * self.world_size
 
     def iteration_done(self) -> None:
+        """The hot path: a clock reading and a tuple appended; every sum is taken when read."""
         now = time.perf_counter()
         period = now - self.mark
         self.mark = now
         self.hooks_mark = self.stats.total
         self.iters += 1
         self.seconds += period
-        end_event = record_event() if self.events is not None else None
-        if self.iters <= self.warmup:
-            self.last_event = end_event
-            return
-        self.timed = True
-        self.timed_iters += 1
-        self.timed_seconds += period
-        data, samples = self.data, self.samples
-        if len(data) == data.maxlen:
-            self.data_sum -= data[0]
-            self.period_sum -= self.periods[0]
-            self.sample_sum -= samples[0]
-        data.append(self.data_now)
-        self.periods.append(period)
-        samples.append(self.batch_samples)
-        self.data_sum += self.data_now
-        self.period_sum += period
-        self.sample_sum += self.batch_samples
+        timed = self.iters > self.warmup
+        if timed:
+            self.timed_iters += 1
+            self.timed_seconds += period
+            self.window.append((period, self.data_now, self.batch_samples))
         if self.events is not None:
-            self.events.append((self.last_event, end_event, self.batch_samples))
+            end_event = record_event()
+            if timed:
+                self.events.append((self.last_event, end_event, self.batch_samples))
             self.last_event = end_event
 
     def data_time(self) -> float:
-        return self.data_sum / len(self.data)
+        return sum(data for _, data, _ in self.window) / len(self.window)
 
     def speed(self) -> tuple[Any, Any]:
         """The window's speed, computed once per iteration however often it is read."""
@@ -318,8 +303,9 @@ class Segment:
         if self.events is not None:
             window = EventWindow(tuple(self.events))
             return Lazy(window, "seconds"), Lazy(window, "throughput")
-        throughput = self.sample_sum / self.period_sum if self.period_sum > 0 else 0.0
-        return self.period_sum / len(self.periods), throughput
+        seconds = sum(period for period, _, _ in self.window)
+        samples = sum(count for _, _, count in self.window)
+        return seconds / len(self.window), samples / seconds if seconds > 0 else 0.0
 
     def pause(self) -> None:
         self.pause_start = time.perf_counter()
