@@ -117,10 +117,14 @@ class ReadLoss:
             self.logged.append(runner.scalars.latest(["train/loss"])["train/loss"])
 
 
-def runner_loop(iters: int, plugins: dict | None) -> float:
+def runner_loop(iters: int, default_plugins: bool) -> float:
+    """The Runner with every installed plugin off (ReadLoss does the hand loop's logging, no
+    writers), or with the default plugins and writers."""
+    from hookrun.discovery import installed_plugins
+
     model = make_model()
     timing = Timing()
-    hooks = [timing] if plugins is None else [timing, ReadLoss()]
+    plugins = None if default_plugins else dict.fromkeys(installed_plugins(), False)
     with tempfile.TemporaryDirectory() as work_dir:
         runner = Runner(
             model,
@@ -130,8 +134,8 @@ def runner_loop(iters: int, plugins: dict | None) -> float:
             max_epochs=1,
             work_dir=work_dir,
             plugins=plugins,
-            hooks=hooks,
-            writers=() if plugins is not None else ("jsonl", "tensorboard"),
+            hooks=[timing] if default_plugins else [timing, ReadLoss()],
+            writers=("jsonl", "tensorboard") if default_plugins else (),
         )
         runner.train()
     return timing.elapsed / iters
@@ -190,9 +194,9 @@ def main() -> None:
     os.environ["HOOKRUN_DISABLE_PLUGINS"] = "ema,precise_bn"
     cases = {
         "hand-written loop": lambda: hand_loop(args.iters),
-        "hookrun, no plugins": lambda: runner_loop(args.iters, {}),
+        "hookrun, no plugins": lambda: runner_loop(args.iters, False),
         "hand-written loop + logging": lambda: hand_loop_logging(args.iters),
-        "hookrun, default plugins": lambda: runner_loop(args.iters, None),
+        "hookrun, default plugins": lambda: runner_loop(args.iters, True),
     }
     report(
         f"torch {torch.__version__}, {args.iters} iterations x {args.repeats} alternating runs, "

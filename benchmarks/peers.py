@@ -122,8 +122,8 @@ def ignite_loop(iters: int) -> float:
 def contenders(iters: int) -> dict[str, Callable[[], float]]:
     found: dict[str, Callable[[], float]] = {
         "hand-written loop": lambda: hand_loop(iters),
-        "hookrun, no plugins": lambda: runner_loop(iters, {}),
-        "hookrun, default plugins": lambda: runner_loop(iters, None),
+        "hookrun, no plugins": lambda: runner_loop(iters, False),
+        "hookrun, default plugins": lambda: runner_loop(iters, True),
     }
     for name, module, fn in [
         ("MMEngine Runner", "mmengine", mmengine_loop),
