@@ -1,4 +1,4 @@
-"""EMA update cost on a ResNet-50-sized model, CPU (budget: <= 1.25x one flat-tensor lerp_).
+"""EMA update cost on a ResNet-50-sized model, CPU or CUDA (budget: <= 1.25x one flat-tensor lerp_).
 
 The model has ResNet-50's real tensors, built from the shapes below without torchvision: 53
 convolutions (each followed by a BatchNorm of its output channels: weight, bias, running mean
@@ -12,6 +12,8 @@ and variance, batch counter) and the final fully connected layer, 25,557,032 par
 - loop: ``ema.lerp_(p, 1 - d)`` over the parameters in a Python loop;
 - MMEngine ``ExponentialMovingAverage.update_parameters`` and timm ``ModelEmaV3.update``,
   when they import (skipped with a note otherwise).
+
+    python benchmarks/ema.py [--rounds 40] [--threads 1] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -64,19 +66,27 @@ def resnet50_sized() -> nn.Module:
     return model
 
 
-def timed(fn: Callable[[], object]) -> float:
-    """CPU seconds of one call: steadier than wall time on a shared machine, and equal to it
-    with one thread."""
-    start = time.process_time()
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call. CPU: process time, steadier than wall time on a shared machine and
+    equal to it with one thread. CUDA: wall time from a synchronised start to a synchronised
+    end, so the kernels the call launched are counted."""
+    if device.type != "cuda":
+        start = time.process_time()
+        fn()
+        return time.process_time() - start
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
     fn()
-    return time.process_time() - start
+    torch.cuda.synchronize(device)
+    return time.perf_counter() - start
 
 
 def variants(model: nn.Module, decay: float) -> tuple[dict[str, Callable[[], object]], list[str]]:
     """The update of each implementation, on its own copy of the average; notes for skips."""
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
-    flat_ema, flat_w = torch.randn(n), torch.randn(n)
+    device = params[0].device
+    flat_ema, flat_w = torch.randn(n, device=device), torch.randn(n, device=device)
     loop_ema = [p.detach().clone() for p in params]
     runs: dict[str, Callable[[], object]] = {
         "floor: one flat lerp_": lambda: flat_ema.lerp_(flat_w, 1 - decay),
@@ -117,10 +127,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args, _ = parser.parse_known_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = resnet50_sized()
+    device = torch.device(args.device)
+    model = resnet50_sized().to(device)
     runs, notes = variants(model, decay=0.9998)
     names = list(runs)
     for fn in runs.values():  # warm-up
@@ -129,12 +141,12 @@ def main() -> None:
     ratios: dict[str, list[float]] = {name: [] for name in names}
     for i in range(args.rounds):  # every round runs each once, in a rotating order
         order = names[i % len(names) :] + names[: i % len(names)]
-        round_times = {name: timed(runs[name]) for name in order}
+        round_times = {name: timed(runs[name], device) for name in order}
         for name in names:
             times[name].append(round_times[name])
             ratios[name].append(round_times[name] / round_times[names[0]])
     print(
-        f"EMA update, ResNet-50-sized model (25,557,032 params in 161 tensors), cpu, "
+        f"EMA update, ResNet-50-sized model (25,557,032 params in 161 tensors), {device}, "
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.rounds} rounds"
     )
     print(f"{'implementation':<36} {'median ms':>9} {'x floor':>8}")

@@ -52,6 +52,36 @@ def test_thousands_of_scalars_all_reach_the_event_file(tmp_path):
     assert len(read_events(tmp_path / "tensorboard")["a"]) == 5000
 
 
+def test_flush_puts_every_scalar_on_disk_without_background_threads(tmp_path):
+    import threading
+
+    from hookrun.writers import TensorBoardWriter
+
+    threads = threading.active_count()
+    writer = TensorBoardWriter(tmp_path)
+    for step in range(1, 301):
+        writer.write_scalars({"train/loss": 1 / step, "train/lr": 0.1, "odd tag!": step}, step)
+    assert threading.active_count() == threads
+    writer.flush()  # not closed: the file is complete as it stands
+    events = read_events(tmp_path / "tensorboard")
+    assert set(events) == {"train/loss", "train/lr", "odd_tag_"}  # add_scalar's tag cleaning
+    assert events["train/loss"][-1] == (300, pytest.approx(1 / 300))
+    assert [s for s, _ in events["odd_tag_"]] == list(range(1, 301))
+    writer.close()
+
+
+def test_two_writers_opened_in_the_same_second_keep_both_files(tmp_path):
+    from hookrun.writers import TensorBoardWriter
+
+    first, second = TensorBoardWriter(tmp_path), TensorBoardWriter(tmp_path)
+    first.write_scalars({"train/loss": 1.0}, 1)
+    second.write_scalars({"test/accuracy": 0.5}, 1)
+    first.close()
+    second.close()
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    assert set(read_events(tmp_path / "tensorboard")) == {"train/loss", "test/accuracy"}
+
+
 def test_writer_from_an_installed_distribution(make_dist, tmp_path):
     make_dist(
         "hookrun-memwriter",

@@ -77,26 +77,25 @@ class HookCaller:
         self.stats = stats
 
     def __call__(self, **kwargs: Any) -> list[Any]:
-        if not self.impls and self.fallback is None:
+        """The results that are not None. The time the call took goes to ``stats.total``: set,
+        not added, so that hook calls nested inside it are not counted twice."""
+        impls = self.impls
+        if not impls and self.fallback is None:
             return []
         stats = self.stats
-        stats.depth += 1
-        start = time.perf_counter()
-        try:
-            if self.fallback is not None:
-                return list(self.fallback(**kwargs) or ())
-            if stats.profile:
-                return self._call_profiled(kwargs)
+        total, start = stats.total, time.perf_counter()
+        if self.fallback is not None:
+            results = list(self.fallback(**kwargs) or ())
+        elif stats.profile:
+            results = self._call_profiled(kwargs)
+        else:
             results = []
-            for impl in self.impls:
+            for impl in impls:
                 result = impl.call(kwargs)
                 if result is not None:
                     results.append(result)
-            return results
-        finally:
-            stats.depth -= 1
-            if stats.depth == 0:
-                stats.total += time.perf_counter() - start
+        stats.total = total + (time.perf_counter() - start)
+        return results
 
     def _call_profiled(self, kwargs: dict[str, Any]) -> list[Any]:
         results = []
@@ -114,7 +113,6 @@ class HookStats:
 
     def __init__(self) -> None:
         self.total = 0.0
-        self.depth = 0
         self.profile = False
         self.per_hook: dict[tuple[str, str], list[float]] = {}
 
