@@ -395,8 +395,7 @@ class Runner:
         pos["iter"] += 1
         pos["phase"] = "train"
         outputs = {name: value.detach() for name, value in losses.items()}
-        for name, value in outputs.items():
-            self.scalars.put("train/" + name, value)
+        self.scalars.update(outputs, prefix="train/")
         return outputs
 
     def _end_epoch(self, per_epoch: int) -> None:
