@@ -1,10 +1,11 @@
 """Per-iteration overhead of the Runner against a hand-written loop (small MLP, CPU).
 
 Both sides train the same model on the same batches and read the loss to the host every
-50 iterations. Runs alternate (loop, bare, defaults, loop, ...) and medians are reported.
+50 iterations. Each round runs every case once (in a rotating order); ratios are medians over
+rounds of the ratio within the round.
 Budgets: bare runner <= 1.02x the loop; default plugins <= 1.03x (DESIGN §10).
 
-    python benchmarks/overhead.py [--iters 3000] [--repeats 7]
+    python benchmarks/overhead.py [--iters 2000] [--repeats 15]
 """
 
 from __future__ import annotations
@@ -188,34 +189,46 @@ class Timing:
         self.elapsed = time.perf_counter() - self.start
 
 
-def measure(cases: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
-    """Median seconds per iteration of each case: one warm-up each, then alternating runs
-    (console output of the contenders is swallowed)."""
-    times: dict[str, list[float]] = {name: [] for name in cases}
+Rounds = dict[str, list[float]]
+
+
+def measure(cases: dict[str, Callable[[], float]], repeats: int) -> Rounds:
+    """Seconds per iteration of each case in each round: one warm-up each, then rounds that
+    run every case once, in a rotating order (console output of the contenders is swallowed)."""
+    times: Rounds = {name: [] for name in cases}
+    names = list(cases)
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         for fn in cases.values():
             fn()
-        for _ in range(repeats):
-            for name, fn in cases.items():
-                times[name].append(fn())
-    return {name: statistics.median(values) for name, values in times.items()}
+        for i in range(repeats):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                times[name].append(cases[name]())
+    return times
 
 
-def report(title: str, medians: dict[str, float]) -> None:
-    base = medians["hand-written loop"]
+def paired(times: Rounds, case: str, base: str) -> float:
+    """Median over rounds of case / base: runs a few seconds apart, so the machine's slow
+    drifts (other tenants, clocks) cancel; steadier than a ratio of medians."""
+    return statistics.median(a / b for a, b in zip(times[case], times[base], strict=True))
+
+
+def report(title: str, times: Rounds) -> None:
     print(title)
-    print(f"{'case':46s} {'us/iter':>9s} {'overhead':>9s} {'ratio':>7s}")
-    for name, median in medians.items():
-        print(f"{name:46s} {median * 1e6:9.1f} {(median - base) * 1e6:+9.1f} {median / base:7.3f}")
-    if LOGGING_ADD_SCALAR not in medians:  # peers.py: the table alone
+    print(f"{'case':46s} {'us/iter':>9s} {'ratio':>7s}")
+    for name, values in times.items():
+        ratio = paired(times, name, "hand-written loop")
+        print(f"{name:46s} {statistics.median(values) * 1e6:9.1f} {ratio:7.3f}")
+    print("us/iter: median over rounds; ratio: median over rounds of the ratio to the hand loop")
+    if LOGGING_ADD_SCALAR not in times:  # peers.py: the table alone
         return
-    defaults = medians["hookrun, default plugins"]
+    defaults = "hookrun, default plugins"
     print(
         f"default plugins / hand loop + the same logging: "
-        f"{defaults / medians[LOGGING_ADD_SCALAR]:.3f} with add_scalar, "
-        f"{defaults / medians[LOGGING_ONE_EVENT]:.3f} with one event per interval (budget 1.03); "
-        f"no plugins / hand loop: {medians['hookrun, no plugins'] / base:.3f} (budget 1.02)"
+        f"{paired(times, defaults, LOGGING_ADD_SCALAR):.3f} with add_scalar, "
+        f"{paired(times, defaults, LOGGING_ONE_EVENT):.3f} with one event per interval "
+        f"(budget 1.03); no plugins / hand loop: "
+        f"{paired(times, 'hookrun, no plugins', 'hand-written loop'):.3f} (budget 1.02)"
     )
 
 
@@ -225,8 +238,8 @@ LOGGING_ONE_EVENT = "hand-written loop + logging (one event)"
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--iters", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=15)
     args, _ = parser.parse_known_args()
     torch.set_num_threads(1)
     os.environ["HOOKRUN_DISABLE_PLUGINS"] = "ema,precise_bn"
@@ -238,7 +251,7 @@ def main() -> None:
         "hookrun, default plugins": lambda: runner_loop(args.iters, True),
     }
     report(
-        f"torch {torch.__version__}, {args.iters} iterations x {args.repeats} alternating runs, "
+        f"torch {torch.__version__}, {args.iters} iterations x {args.repeats} rounds, "
         f"1 thread, MLP {FEATURES}-{HIDDEN}-{CLASSES}, batch {BATCH}",
         measure(cases, args.repeats),
     )

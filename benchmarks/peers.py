@@ -147,7 +147,7 @@ def main() -> None:
     torch.set_num_threads(1)
     os.environ["HOOKRUN_DISABLE_PLUGINS"] = "ema,precise_bn"
     report(
-        f"torch {torch.__version__}; {args.iters} iterations x {args.repeats} alternating runs; "
+        f"torch {torch.__version__}; {args.iters} iterations x {args.repeats} rounds; "
         f"1 thread; MLP, batch {BATCH}; log every 50 iterations; no checkpoint in the timing",
         measure(contenders(args.iters), args.repeats),
     )
