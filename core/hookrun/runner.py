@@ -345,6 +345,7 @@ class Runner:
     def _train_epoch(self, loader: Any, skip: int, per_epoch: int) -> None:
         hooks, pos, device = self.hooks, self._pos, self.device
         move = device.type != "cpu"  # loaders yield CPU tensors; moving them to CPU is a no-op
+        by_iters = not self.by_epoch  # only iteration-based runs validate or end mid-epoch
         for batch_idx, batch in enumerate(loader.epoch_iter(pos["epoch"], skip), start=skip):
             self.inner_iter = batch_idx
             if move:
@@ -353,9 +354,9 @@ class Runner:
             outputs = self._train_step(batch, batch_idx, per_epoch)
             hooks.after_train_iter(runner=self, batch_idx=batch_idx, batch=batch, outputs=outputs)
             self.iter = pos["iter"]
-            if self._iter_val_due(pos["iter"]):
+            if by_iters and self._iter_val_due(pos["iter"]):
                 self._validate()
-            if self.stop_training or self._iters_done():
+            if self.stop_training or (by_iters and self._iters_done()):
                 break
 
     def _train_step(self, batch: Any, batch_idx: int, per_epoch: int) -> dict[str, torch.Tensor]:
