@@ -1,6 +1,7 @@
 """A two-process job for the distributed tests; run it under torchrun.
 
 Usage: torchrun --nproc-per-node=2 dist_job.py WORK_DIR [--kill-at N] [--resume] [--fail-at N]
+       [--term-at N] [--with-plugins | --with-checkpoint]
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ PLUGINS = {"timer": {"warmup": 1, "window": 3}, "logger": {"interval": 6}}
 
 
 class Job:
-    """Checkpoints every 3 iterations; optionally dies or raises at an iteration."""
+    """Checkpoints every 3 iterations; optionally dies, raises or (rank 1 alone) receives
+    SIGTERM at an iteration."""
 
-    def __init__(self, kill_at: int, fail_at: int) -> None:
+    def __init__(self, kill_at: int, fail_at: int, term_at: int) -> None:
         self.kill_at = kill_at
         self.fail_at = fail_at
+        self.term_at = term_at
 
     @hookimpl
     def after_train_iter(self, runner):
@@ -49,6 +52,8 @@ class Job:
             os.kill(os.getpid(), signal.SIGKILL)
         if runner.iter == self.fail_at and runner.rank == 1:
             raise ValueError(f"injected failure on rank {runner.rank}")
+        if runner.iter == self.term_at and runner.rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     @hookimpl
     def on_exception(self, runner, exception):
@@ -62,6 +67,8 @@ def main() -> None:
     parser.add_argument("--fail-at", type=int, default=-1)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--with-plugins", action="store_true")
+    parser.add_argument("--with-checkpoint", action="store_true")
+    parser.add_argument("--term-at", type=int, default=-1)
     args = parser.parse_args()
     net = model()
     runner = Runner(
@@ -74,8 +81,12 @@ def main() -> None:
         max_epochs=3,
         work_dir=args.work_dir,
         writers=("tensorboard", "jsonl") if args.with_plugins else ("tensorboard",),
-        plugins=PLUGINS if args.with_plugins else None,
-        hooks=[Job(args.kill_at, args.fail_at)],
+        plugins=PLUGINS
+        if args.with_plugins
+        else {"checkpoint": {}}
+        if args.with_checkpoint
+        else None,
+        hooks=[Job(args.kill_at, args.fail_at, args.term_at)],
         seed=5,
     )
     runner.train(resume="auto" if args.resume else None)

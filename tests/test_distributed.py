@@ -89,6 +89,21 @@ def test_sigkill_both_ranks_then_resume_is_bit_identical(two_rank_run, tmp_path)
     assert_identical(two_rank_run / "final.pt", crashed / "final.pt")
 
 
+def test_sigterm_on_one_rank_stops_both_at_one_iteration_and_resumes_exactly(
+    two_rank_run, tmp_path
+):
+    stopped = tmp_path / "stopped"
+    proc = torchrun(stopped, "--with-checkpoint", "--term-at", "7")  # rank 1 only
+    assert proc.returncode != 0  # both ranks end by the signal, as it asks
+    assert proc.stdout.count("SIGTERM received") == 1  # rank 0 reports for both
+    saved = (stopped / "checkpoints" / "latest").read_text().strip()
+    assert saved.startswith("iter_") and 8 <= int(saved[5:-3]) < 18
+    assert not (stopped / "final.pt").exists()
+    proc = torchrun(stopped, "--with-checkpoint", "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_identical(two_rank_run / "final.pt", stopped / "final.pt")
+
+
 def test_exception_on_one_rank_ends_both(tmp_path):
     start = time.monotonic()
     proc = torchrun(tmp_path, "--fail-at", "4", timeout=180)

@@ -284,7 +284,7 @@ class Checkpoint(Plugin):
             runner.info(str(exc))
         finally:
             self.writer.release()
-            self.signals.restore()
+            self.signals.restore(wait=False)
         training, self.training = self.training, False
         if (
             not training
@@ -424,17 +424,23 @@ def position_name(state: dict[str, Any], by_epoch: bool) -> str:
 class SignalCatcher:
     """Handlers that only note the signal, installed for one run and then put back.
 
-    Under torch.distributed the ranks agree (a one-integer all-reduce over a gloo group, no
-    device synchronisation) so that every rank stops at the same iteration.
+    Under torch.distributed the ranks agree so that every rank stops at the same iteration:
+    each check starts a one-integer all-reduce over a gloo group in the background and reads
+    the one started by the previous check, so no check waits on the network (no device
+    synchronisation either). A signal therefore stops training one check later than in a
+    single process.
     """
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self.previous: dict[int, Any] = {}
         self.group: Any = None
+        self.pending: tuple[Any, torch.Tensor] | None = None  # the all-reduce in flight
+        self.agreed = False
 
     def install(self, names: list[str], distributed: bool) -> bool:
         self.signum = None
+        self.agreed = False
         if not names:
             return True
         if threading.current_thread() is not threading.main_thread():
@@ -452,14 +458,37 @@ class SignalCatcher:
             self.signum = signum
 
     def received(self) -> bool:
-        if self.group is not None and self.previous:
-            flag = torch.tensor([self.signum or 0])
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self.group)
-            self.signum = int(flag.item()) or None
-        return self.signum is not None
+        """Whether to stop now: the signal this process caught, or under torch.distributed
+        the one any rank had caught by the previous check."""
+        if self.group is None or not self.previous or self.agreed:
+            return self.signum is not None
+        agreed = self._collect()
+        if agreed:
+            self.signum, self.agreed = agreed, True
+            return True
+        flag = torch.tensor([self.signum or 0])
+        work = torch.distributed.all_reduce(
+            flag, op=torch.distributed.ReduceOp.MAX, group=self.group, async_op=True
+        )
+        self.pending = (work, flag)
+        return False
 
-    def restore(self) -> dict[int, Any]:
-        """Put the previous handlers back; returns them by signal number."""
+    def _collect(self) -> int:
+        """The signal the ranks agreed on at the previous check (0: none)."""
+        if self.pending is None:
+            return 0
+        work, flag = self.pending
+        self.pending = None
+        work.wait()
+        return int(flag.item())
+
+    def restore(self, wait: bool = True) -> dict[int, Any]:
+        """Finish the agreement in flight (or, with ``wait=False`` on a failing run whose peers
+        may be gone, drop it) and put the previous handlers back; returns them by signal
+        number."""
+        if wait:
+            self._collect()
+        self.pending = None
         previous = {n: signal.SIG_DFL if h is None else h for n, h in self.previous.items()}
         for number, handler in previous.items():
             signal.signal(number, handler)
