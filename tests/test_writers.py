@@ -106,6 +106,16 @@ def test_writer_from_an_installed_distribution(make_dist, tmp_path):
     assert records[0][0:2] == ("x", 3) and set(records[0][2]) == {"val/loss", "val/accuracy"}
 
 
+def test_unknown_writer_option_is_a_config_error_before_training(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        Runner(**toy_runner_kwargs(tmp_path, writers={"tensorboard": {"flush_sec": 5}}))
+    assert str(info.value) == (
+        "writers.tensorboard.flush_sec: unknown option (did you mean 'flush_secs'?) "
+        "(options: subdir, flush_secs)"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_writer_name(tmp_path):
     with pytest.raises(
         ConfigError, match=r"writers.tensorbord: unknown writer \(did you mean 'tensorboard'\?\)"

@@ -6,6 +6,7 @@ there too, so third-party writers are found exactly the same way.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import math
@@ -182,10 +183,26 @@ def resolve_writers(spec: Any) -> list[tuple[Any, dict[str, Any]]]:
                 errors.append(f"writers.{name}: unknown writer{did_you_mean(name, known)}")
                 continue
             cls = available[name].entry_point.load()
-        resolved.append((cls, dict(options or {})))
+        options = dict(options or {})
+        errors += option_errors(name, cls, options)
+        resolved.append((cls, options))
     if errors:
         raise ConfigError(errors)
     return resolved
+
+
+def option_errors(name: str, cls: type, options: Mapping[str, Any]) -> list[str]:
+    """Options the writer's constructor does not take, found before the run starts."""
+    parameters = list(inspect.signature(cls).parameters.values())[1:]  # after work_dir
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return []
+    accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [
+        f"writers.{name}.{option}: unknown option{did_you_mean(option, accepted)} "
+        f"(options: {', '.join(accepted) or 'none'})"
+        for option in options
+        if option not in accepted
+    ]
 
 
 def open_writers(resolved: list[tuple[Any, dict[str, Any]]], work_dir: Path) -> list[Writer]:
