@@ -81,6 +81,22 @@ def test_task_result_must_be_a_mapping_of_runner_objects():
         check_task_result([], "t:b")
 
 
+def test_writer_names_and_options_are_checked_with_the_rest(tmp_path):
+    config = tmp_path / "c.yaml"
+    (tmp_path / "task.py").write_text("def build():\n    return {}\n")
+    config.write_text(
+        "task: task.py:build\n"
+        "runner: {writers: {tensorbord: {}, tensorboard: {flush_sec: 5}, jsonl: null}}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load(config)
+    assert str(info.value).splitlines() == [
+        "runner.writers.tensorbord: unknown writer (did you mean 'tensorboard'?)",
+        "runner.writers.tensorboard.flush_sec: unknown option (did you mean 'flush_secs'?) "
+        "(options: subdir, flush_secs)",
+    ]
+
+
 def test_invalid_yaml_names_the_line(tmp_path):
     bad = tmp_path / "c.yaml"
     bad.write_text("task: a.py:b\nrunner: {max_epochs: 3\n")

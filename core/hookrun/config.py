@@ -290,13 +290,20 @@ def check_task(task: str, config_path: Path) -> list[str]:
 
 
 def check_writers(writers: list[Any] | dict[str, Any]) -> list[str]:
-    names = list(writers)
+    """Unknown writer names, and options a writer's constructor does not take."""
+    from hookrun.writers import option_errors
+
     available = installed(WRITER_GROUP)
-    return [
-        f"runner.writers.{name}: unknown writer{did_you_mean(str(name), available)}"
-        for name in names
-        if isinstance(name, str) and name not in available
-    ]
+    errors = []
+    for name in writers:
+        if not isinstance(name, str):
+            continue
+        if name not in available:
+            errors.append(f"runner.writers.{name}: unknown writer{did_you_mean(name, available)}")
+        elif isinstance(writers, dict) and writers[name]:
+            cls = available[name].entry_point.load()
+            errors += option_errors(f"runner.writers.{name}", cls, writers[name])
+    return errors
 
 
 def check_plugins(plugins: dict[str, Any]) -> list[str]:

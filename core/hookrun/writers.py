@@ -184,21 +184,22 @@ def resolve_writers(spec: Any) -> list[tuple[Any, dict[str, Any]]]:
                 continue
             cls = available[name].entry_point.load()
         options = dict(options or {})
-        errors += option_errors(name, cls, options)
+        errors += option_errors(f"writers.{name}", cls, options)
         resolved.append((cls, options))
     if errors:
         raise ConfigError(errors)
     return resolved
 
 
-def option_errors(name: str, cls: type, options: Mapping[str, Any]) -> list[str]:
-    """Options the writer's constructor does not take, found before the run starts."""
+def option_errors(where: str, cls: type, options: Mapping[str, Any]) -> list[str]:
+    """Options the writer's constructor does not take, found before the run starts; ``where``
+    is the dotted path of the writer's options in the config."""
     parameters = list(inspect.signature(cls).parameters.values())[1:]  # after work_dir
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
         return []
     accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     return [
-        f"writers.{name}.{option}: unknown option{did_you_mean(option, accepted)} "
+        f"{where}.{option}: unknown option{did_you_mean(option, accepted)} "
         f"(options: {', '.join(accepted) or 'none'})"
         for option in options
         if option not in accepted
