@@ -86,14 +86,14 @@ def test_writer_names_and_options_are_checked_with_the_rest(tmp_path):
     (tmp_path / "task.py").write_text("def build():\n    return {}\n")
     config.write_text(
         "task: task.py:build\n"
-        "runner: {writers: {tensorbord: {}, tensorboard: {flush_sec: 5}, jsonl: null}}\n"
+        "runner: {writers: {tensorbord: {}, tensorboard: {sub_dir: tb}, jsonl: null}}\n"
     )
     with pytest.raises(ConfigError) as info:
         load(config)
     assert str(info.value).splitlines() == [
         "runner.writers.tensorbord: unknown writer (did you mean 'tensorboard'?)",
-        "runner.writers.tensorboard.flush_sec: unknown option (did you mean 'flush_secs'?) "
-        "(options: subdir, flush_secs)",
+        "runner.writers.tensorboard.sub_dir: unknown option (did you mean 'subdir'?) "
+        "(options: subdir)",
     ]
 
 

@@ -52,7 +52,7 @@ def test_thousands_of_scalars_all_reach_the_event_file(tmp_path):
     assert len(read_events(tmp_path / "tensorboard")["a"]) == 5000
 
 
-def test_flush_puts_every_scalar_on_disk_without_background_threads(tmp_path):
+def test_every_write_is_readable_at_once_without_background_threads(tmp_path):
     import threading
 
     from hookrun.writers import TensorBoardWriter
@@ -62,8 +62,7 @@ def test_flush_puts_every_scalar_on_disk_without_background_threads(tmp_path):
     for step in range(1, 301):
         writer.write_scalars({"train/loss": 1 / step, "train/lr": 0.1, "odd tag!": step}, step)
     assert threading.active_count() == threads
-    writer.flush()  # not closed: the file is complete as it stands
-    events = read_events(tmp_path / "tensorboard")
+    events = read_events(tmp_path / "tensorboard")  # neither flushed nor closed
     assert set(events) == {"train/loss", "train/lr", "odd_tag_"}  # add_scalar's tag cleaning
     assert events["train/loss"][-1] == (300, pytest.approx(1 / 300))
     assert [s for s, _ in events["odd_tag_"]] == list(range(1, 301))
@@ -108,11 +107,8 @@ def test_writer_from_an_installed_distribution(make_dist, tmp_path):
 
 def test_unknown_writer_option_is_a_config_error_before_training(tmp_path):
     with pytest.raises(ConfigError) as info:
-        Runner(**toy_runner_kwargs(tmp_path, writers={"tensorboard": {"flush_sec": 5}}))
-    assert str(info.value) == (
-        "writers.tensorboard.flush_sec: unknown option (did you mean 'flush_secs'?) "
-        "(options: subdir, flush_secs)"
-    )
+        Runner(**toy_runner_kwargs(tmp_path, writers={"tensorboard": {"flush_secs": 5}}))
+    assert str(info.value) == "writers.tensorboard.flush_secs: unknown option (options: subdir)"
     assert not (tmp_path / "run").exists()
 
 

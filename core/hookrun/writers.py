@@ -11,6 +11,8 @@ import itertools
 import json
 import math
 import os
+import socket
+import struct
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -84,30 +86,29 @@ _OPENED = itertools.count()
 
 class TensorBoardWriter(Writer):
     """TensorBoard event files in ``<work_dir>/tensorboard``, built from tensorboardX's summary
-    protos and written with its ``EventsWriter``.
+    protos and framed as TFRecords with its ``masked_crc32c``.
 
-    Each ``write_scalars`` call is one event holding every value, appended to a buffered file
-    in the calling thread; the file is flushed every ``flush_secs`` and on ``flush()`` /
-    ``close()``. tensorboardX's ``SummaryWriter`` sends every value through a
-    ``multiprocessing.Queue`` to helper threads whose pickling and writing take the GIL while
-    training runs; here nothing runs in the background (docs/benchmarks.md).
+    Each ``write_scalars`` call is one event holding every value, written in the calling
+    thread and handed to the OS at once, so TensorBoard shows every interval as soon as it is
+    logged; ``flush()`` and ``close()`` also fsync. tensorboardX's ``SummaryWriter`` sends
+    every value through a ``multiprocessing.Queue`` to helper threads whose pickling and
+    writing take the GIL while training runs, and shows them up to ``flush_secs`` late; here
+    nothing runs in the background (docs/benchmarks.md).
     """
 
-    def __init__(
-        self, work_dir: str | Path, subdir: str = "tensorboard", flush_secs: float = 30
-    ) -> None:
+    def __init__(self, work_dir: str | Path, subdir: str = "tensorboard") -> None:
         super().__init__(work_dir)
-        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
 
         self.log_dir = self.work_dir / subdir
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.flush_secs = flush_secs
-        # tensorboardX names the file by the second it opens it: the suffix keeps two writers
-        # opened in the same second (train, then test) from overwriting each other
-        suffix = f".{os.getpid()}.{next(_OPENED)}"
-        self._events = EventsWriter(str(self.log_dir / "events"), suffix)
-        self._flushed_at = time.monotonic()
+        # the pid and a counter keep two writers opened in the same second (train, then test)
+        # from sharing a file
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        self.path = self.log_dir / f"{name}.{os.getpid()}.{next(_OPENED)}"
+        self._file = self.path.open("wb")
         self._tags: dict[str, str] = {}
+        self._write_event(Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def write_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         from tensorboardX.proto.summary_pb2 import Summary
@@ -131,23 +132,32 @@ class TensorBoardWriter(Writer):
     def write_config(self, config: Mapping[str, Any]) -> None:
         from tensorboardX.summary import text
 
-        self._write(
-            text("config", "```json\n" + json.dumps(config, indent=2, default=str) + "\n```"), 0
-        )
+        config_text = "```json\n" + json.dumps(config, indent=2, default=str) + "\n```"
+        self._write(text("config", config_text), 0)
 
     def flush(self) -> None:
-        self._events.flush()
-        self._flushed_at = time.monotonic()
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        self._events.close()
+        self.flush()
+        self._file.close()
 
     def _write(self, summary: Any, step: int) -> None:
         from tensorboardX.proto.event_pb2 import Event
 
-        self._events.write_event(Event(wall_time=time.time(), step=step, summary=summary))
-        if time.monotonic() - self._flushed_at >= self.flush_secs:
-            self.flush()
+        self._write_event(Event(wall_time=time.time(), step=step, summary=summary))
+
+    def _write_event(self, event: Any) -> None:
+        """One TFRecord: length, its masked CRC-32C, the event, the event's masked CRC-32C."""
+        from tensorboardX.record_writer import masked_crc32c
+
+        data = event.SerializeToString()
+        header = struct.pack("<Q", len(data))
+        crcs = struct.pack("<I", masked_crc32c(header)), struct.pack("<I", masked_crc32c(data))
+        self._file.write(header + crcs[0] + data + crcs[1])
+        self._file.flush()
 
     def _tag(self, name: str) -> str:
         """The tag tensorboardX's ``add_scalar`` writes for ``name``, worked out once."""
