@@ -82,7 +82,7 @@ class Timer(Plugin):
         self.totals: dict[str, float] = dict.fromkeys(TOTAL_KEYS, 0.0)  # earlier segments
         self.profile_rows: dict[tuple[str, str], list[float]] = {}  # earlier segments
         self.segment: Segment | None = None
-        self.deferred: list[tuple[str, Deferred]] = []
+        self.deferred: dict[str, Deferred] = {}
         self.profile_was = False  # the core's profiling switch before this run turned it on
 
     @hookimpl
@@ -101,12 +101,12 @@ class Timer(Plugin):
         if self.settings.profile_hooks:
             stats.profile = True
         segment = self.segment = Segment(runner, self.settings, use_events)
-        self.deferred = [
-            ("train/time", Deferred(lambda: float(segment.speed()[0]))),
-            ("train/data_time", Deferred(segment.data_time)),
-            ("train/throughput", Deferred(lambda: float(segment.speed()[1]))),
-            ("train/eta", Deferred(lambda: self.eta(runner, segment))),
-        ]
+        self.deferred = {
+            "train/time": Deferred(lambda: float(segment.speed()[0])),
+            "train/data_time": Deferred(segment.data_time),
+            "train/throughput": Deferred(lambda: float(segment.speed()[1])),
+            "train/eta": Deferred(lambda: self.eta(runner, segment)),
+        }
 
     @hookimpl
     def before_train(self, runner: Any) -> None:
@@ -127,7 +127,7 @@ class Timer(Plugin):
         segment.iteration_done()
         timed = segment.timed_iters
         if timed == 1:  # live values, put once: each computes the current window when read
-            runner.scalars.update(dict(self.deferred))
+            runner.scalars.update(self.deferred)
         if segment.world_size > 1 and timed and timed % self.settings.window == 0:
             runner.scalars.put("train/data_time_max", slowest(segment.data_time(), runner.device))
 
