@@ -155,8 +155,8 @@ class TensorBoardWriter(Writer):
 
         data = event.SerializeToString()
         header = struct.pack("<Q", len(data))
-        crcs = struct.pack("<I", masked_crc32c(header)), struct.pack("<I", masked_crc32c(data))
-        self._file.write(header + crcs[0] + data + crcs[1])
+        header_crc = struct.pack("<I", masked_crc32c(header))
+        self._file.write(header + header_crc + data + struct.pack("<I", masked_crc32c(data)))
         self._file.flush()
 
     def _tag(self, name: str) -> str:
