@@ -23,11 +23,17 @@ _EXPORTS = {
     "ConfigError": "hookrun.errors",
     "PluginError": "hookrun.errors",
     "CheckpointError": "hookrun.errors",
+    "metric_rule": "hookrun.direction",
+    "better": "hookrun.direction",
+    "format_duration": "hookrun.timefmt",
+    "batch_size": "hookrun.steps",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
+    from hookrun.direction import better as better
+    from hookrun.direction import metric_rule as metric_rule
     from hookrun.dist import rank_zero_only as rank_zero_only
     from hookrun.errors import CheckpointError as CheckpointError
     from hookrun.errors import ConfigError as ConfigError
@@ -39,6 +45,8 @@ if TYPE_CHECKING:
     from hookrun.plugin import hookimpl as hookimpl
     from hookrun.runner import Runner as Runner
     from hookrun.scalars import ScalarStore as ScalarStore
+    from hookrun.steps import batch_size as batch_size
+    from hookrun.timefmt import format_duration as format_duration
     from hookrun.writers import Writer as Writer
 
 
