@@ -23,18 +23,21 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
-from hookrun import CheckpointError, ConfigError, Plugin, PluginSettings, Priority, dist, hookimpl
+from hookrun import (
+    CheckpointError,
+    ConfigError,
+    Plugin,
+    PluginSettings,
+    Priority,
+    better,
+    dist,
+    hookimpl,
+    metric_rule,
+)
 from hookrun import checkpoint as ckpt_io
 
 __all__ = ["Checkpoint", "CheckpointSettings"]
 
-# Metric names that tell ``rule: auto`` which way is better; "less" hints are tried first
-# so that "top1_error" is less-is-better.
-LESS_HINTS = ("loss", "err", "mse", "mae", "perplexity", "ppl", "wer", "cer", "fid", "nll")
-GREATER_HINTS = (
-    "acc", "top", "auc", "precision", "recall", "f1", "map", "iou", "dice", "bleu", "rouge",
-    "score", "psnr", "ssim", "r2",
-)  # fmt: skip
 UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
 STALE_TEMP = re.compile(r"\.(?:[\w.-]+\.pt|latest)\..+\.tmp")
 
@@ -73,8 +76,9 @@ class CheckpointSettings(PluginSettings):
         "auto",
         validate_default=True,  # the default is checked against save_best's names too
         description="Whether a greater or a smaller `save_best` metric is better; `auto` "
-        "decides from the name (loss, error, mse, ...: less; accuracy, auc, f1, map, iou, ...: "
-        "greater).",
+        "decides from the whole words of the name (loss, error, mse, ...: less; accuracy, auc, "
+        "f1, map, iou, ...: greater; the last such word wins) and is an error for a name with "
+        "none of them.",
     )
     save_optimizer: bool = Field(
         True,
@@ -122,11 +126,8 @@ class CheckpointSettings(PluginSettings):
         best = info.data.get("save_best")
         if value == "auto" and best not in (None, "auto"):
             for name in [best] if isinstance(best, str) else best:
-                if guess_rule(name) is None:
-                    raise ValueError(
-                        f"cannot tell from the metric name {name!r} whether greater or less is "
-                        "better; set rule: greater or rule: less"
-                    )
+                if metric_rule(name) is None:
+                    raise ValueError(undecided(name))
         return value
 
     @field_validator("save_on_signal")
@@ -230,8 +231,8 @@ class Checkpoint(Plugin):
         for metric in self._best_metrics(metrics):
             value = float(metrics[metric])
             entry = self.best.get(metric)
-            rule = self.settings.rule if self.settings.rule != "auto" else guess_rule(metric)
-            if math.isnan(value) or not (entry is None or _better(value, entry["score"], rule)):
+            rule = self.settings.rule if self.settings.rule != "auto" else metric_rule(metric)
+            if math.isnan(value) or not (entry is None or better(rule, value, entry["score"])):
                 continue
             updates[metric] = {
                 "score": value,
@@ -378,39 +379,32 @@ class Checkpoint(Plugin):
         """The ``save_best`` names, checked against what validation reported."""
         wanted = self.settings.save_best
         if wanted == "auto":
-            return list(metrics)[:1]
-        names = [wanted] if isinstance(wanted, str) else list(wanted)
+            names = list(metrics)[:1]
+        else:
+            names = [wanted] if isinstance(wanted, str) else list(wanted)
         for name in names:
             if name not in metrics:
                 raise ConfigError(
                     f"plugins.checkpoint.save_best: validation reports no metric {name!r} "
                     f"(it reports: {', '.join(metrics) or 'nothing'})"
                 )
-        if self.settings.rule == "auto":
-            for name in names:
-                if guess_rule(name) is None:
-                    raise ConfigError(
-                        f"plugins.checkpoint.rule: cannot tell from {name!r} whether greater "
-                        "or less is better; set rule: greater or rule: less"
-                    )
+            if self.settings.rule == "auto" and metric_rule(name) is None:
+                raise ConfigError(f"plugins.checkpoint.rule: {undecided(name)}")
         return names
 
 
 # -- helpers -----------------------------------------------------------------------------
 
 
-def guess_rule(metric: str) -> Literal["greater", "less"] | None:
-    """``less`` for loss-like names, ``greater`` for score-like names, None when unsure."""
-    lowered = metric.lower()
-    if any(hint in lowered for hint in LESS_HINTS):
-        return "less"
-    if any(hint in lowered for hint in GREATER_HINTS):
-        return "greater"
-    return None
+guess_rule = metric_rule  # this module's name for the rule before it moved into hookrun
 
 
-def _better(value: float, best: float, rule: str | None) -> bool:
-    return value < best if rule == "less" else value > best
+def undecided(metric: str) -> str:
+    """The error for ``rule: auto`` on a name that ``hookrun.metric_rule`` cannot decide."""
+    return (
+        f"cannot tell from the metric name {metric!r} whether greater or less is better; "
+        "set rule: greater or rule: less"
+    )
 
 
 def position_name(state: dict[str, Any], by_epoch: bool) -> str:

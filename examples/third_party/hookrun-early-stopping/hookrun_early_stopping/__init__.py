@@ -8,9 +8,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from hookrun import ConfigError, Plugin, PluginSettings, Priority, Writer, hookimpl
+from hookrun import (
+    ConfigError,
+    Plugin,
+    PluginSettings,
+    Priority,
+    Writer,
+    better,
+    hookimpl,
+    metric_rule,
+)
 
 
 class EarlyStoppingSettings(PluginSettings):
@@ -18,8 +27,24 @@ class EarlyStoppingSettings(PluginSettings):
     patience: int = Field(3, ge=1, description="Validations without improvement before stopping.")
     min_delta: float = Field(0.0, ge=0, description="Smallest change that counts as improvement.")
     rule: Literal["less", "greater", "auto"] = Field(
-        "auto", description="Whether lower or higher is better; auto: 'loss'/'error' → less."
+        "auto",
+        description="Whether lower or higher is better; auto: decided from the monitor's name "
+        "by `hookrun.metric_rule` (loss, error, ...: less; accuracy, auc, ...: greater).",
     )
+
+    @model_validator(mode="after")
+    def _rule_is_decidable(self) -> EarlyStoppingSettings:
+        if self.rule == "auto" and metric_rule(self.monitor) is None:
+            raise ValueError(
+                f"cannot tell from the metric name {self.monitor!r} whether greater or less is "
+                "better; set rule: greater or rule: less"
+            )
+        return self
+
+    @property
+    def direction(self) -> Literal["less", "greater"] | None:
+        """The rule with ``auto`` resolved from the monitor's name (decidable, see above)."""
+        return metric_rule(self.monitor) if self.rule == "auto" else self.rule
 
 
 class EarlyStopping(Plugin):
@@ -64,12 +89,8 @@ class EarlyStopping(Plugin):
     def _improved(self, value: float) -> bool:
         if self.best is None or math.isnan(self.best):
             return not math.isnan(value)
-        rule = self.settings.rule
-        if rule == "auto":
-            lower = any(word in self.settings.monitor for word in ("loss", "error", "err"))
-            rule = "less" if lower else "greater"
-        delta = self.settings.min_delta
-        return value < self.best - delta if rule == "less" else value > self.best + delta
+        rule = self.settings.direction
+        return rule is not None and better(rule, value, self.best, self.settings.min_delta)
 
 
 class CsvWriter(Writer):
