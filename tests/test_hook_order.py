@@ -35,13 +35,18 @@ def names(recorder: Recorder) -> list[str]:
     return [c[0] for c in recorder.calls]
 
 
+STEP = ["before_backward", "after_backward", "before_optimizer_step", "after_optimizer_step"]
+
+
 def expected_epoch_run(epochs: int, batches: int, val_batches: int) -> list[str]:
+    """DESIGN §3's order with grad_accum=1 and log_interval above the epoch length: the
+    step's four hook points every iteration, a report at each epoch's last iteration."""
     seq = ["before_run", "before_train"]
     for _ in range(epochs):
         seq.append("before_train_epoch")
         for _ in range(batches):
-            seq += ["before_train_iter", "after_train_iter"]
-        seq += ["after_train_epoch", "before_val", "before_val_epoch"]
+            seq += ["before_train_iter", *STEP, "after_train_iter"]
+        seq += ["after_report", "after_train_epoch", "before_val", "before_val_epoch"]
         for _ in range(val_batches):
             seq += ["before_val_iter", "after_val_iter"]
         seq += ["after_val_epoch", "after_val"]

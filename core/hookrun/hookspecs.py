@@ -137,7 +137,8 @@ def before_train_iter(runner: Runner, batch_idx: int, batch: Any) -> None:
 
 @hookspec
 def after_train_iter(runner: Runner, batch_idx: int, batch: Any, outputs: dict[str, Any]) -> None:
-    """Fires after the optimizer (and an iteration-wise scheduler) stepped.
+    """Fires at the end of every training iteration, after the optimizer step hooks (and an
+    iteration-wise scheduler) and before the core's report and any validation due.
 
     Arguments: ``runner``; ``batch_idx``; ``batch``; ``outputs``, a dict of detached loss
     tensors with ``"loss"`` first. Reading a tensor's value forces a device sync: put it
@@ -150,6 +151,94 @@ def after_train_iter(runner: Runner, batch_idx: int, batch: Any, outputs: dict[s
         @hookimpl
         def after_train_iter(self, runner, outputs):
             runner.scalars.put("train/loss_x2", outputs["loss"] * 2)
+    """
+
+
+@hookspec
+def before_backward(runner: Runner, loss: Any) -> None:
+    """Fires before every backward pass, after the forward.
+
+    Arguments: ``runner``; ``loss``, the tensor about to be back-propagated (already divided
+    by ``grad_accum``, not yet scaled by AMP's GradScaler). Reading its value forces a sync.
+    A hook may: add a regulariser's gradients later, record the loss on the device.
+
+    Example::
+
+        @hookimpl
+        def before_backward(self, runner, loss):
+            runner.scalars.put("train/scaled_loss", loss.detach())
+    """
+
+
+@hookspec
+def after_backward(runner: Runner) -> None:
+    """Fires after every backward pass; gradients of the accumulation group so far are in
+    ``.grad`` (scaled by AMP's GradScaler under ``amp: fp16``).
+
+    Arguments: ``runner``.
+    A hook may: inspect or edit gradients (an inf written here is what a NaN guard catches).
+
+    Example::
+
+        @hookimpl
+        def after_backward(self, runner):
+            self.backward_passes += 1
+    """
+
+
+@hookspec
+def before_optimizer_step(runner: Runner, optimizer: Any) -> Any:
+    """Fires at an accumulation boundary (every ``grad_accum``-th batch of an epoch, and its
+    last batch), after AMP unscaled the gradients and before clipping and the step.
+
+    Arguments: ``runner``; ``optimizer``, the runner's optimizer.
+    Return: ``False`` skips this step: the weights stay as they are, the gradients are
+    zeroed, ``after_optimizer_step`` does not fire. Any other return value steps.
+    A hook may: check or edit gradients, skip a bad step.
+
+    Example::
+
+        @hookimpl
+        def before_optimizer_step(self, runner, optimizer):
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"]]
+            norms = torch._foreach_norm([g for g in grads if g is not None])
+            return bool(torch.stack(norms).isfinite().all())  # one host read
+    """
+
+
+@hookspec
+def after_optimizer_step(runner: Runner, optimizer: Any) -> None:
+    """Fires right after the optimizer stepped, only when it did (not for a skipped step),
+    before the gradients are zeroed and a per-iteration scheduler steps.
+
+    Arguments: ``runner``; ``optimizer``.
+    A hook may: update an average of the weights (EMA does, once per optimizer step),
+    count steps, read gradients one last time.
+
+    Example::
+
+        @hookimpl
+        def after_optimizer_step(self, runner):
+            self.steps += 1
+    """
+
+
+@hookspec
+def after_report(runner: Runner, scalars: dict[str, float], step: int) -> None:
+    """Fires on rank 0 after the core sent a training report to every writer: every
+    ``log_interval`` iterations, at each epoch's end and after the last iteration.
+
+    Arguments: ``runner``; ``scalars``, the host floats just written (``train/loss``
+    smoothed over the interval, ``train/lr``, ``train/eta``, gauges such as the timer's);
+    ``step``, the number of completed iterations.
+    A hook may: render them (the logger plugin prints its console lines here), forward them
+    elsewhere. It costs nothing between reports.
+
+    Example::
+
+        @hookimpl
+        def after_report(self, scalars, step):
+            print(step, scalars["train/loss"])
     """
 
 

@@ -1,14 +1,13 @@
-"""The Runner: training, validation and test loops that call the hook points in order.
+"""The Runner: a facade over the loops (:mod:`hookrun.loops`), the optimizer step
+(:mod:`hookrun.optim_step`), reporting (:mod:`hookrun.reporting`) and checkpoints.
 
-The training loop is one state machine over a saved position (epoch, batch, phase), which
-is what makes mid-epoch resume exact; it is kept whole in this file.
+What plugins may use of it is :class:`hookrun.RunnerProtocol` (:mod:`hookrun.surface`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,13 @@ from hookrun import state as run_state
 from hookrun.arguments import check_arguments, resolve_device
 from hookrun.data import make_loader, seed_all, shard_sampler, train_sampler
 from hookrun.errors import CheckpointError, ConfigError
-from hookrun.manager import PluginManager
+from hookrun.loop import LoopPosition, ValidationSchedule
+from hookrun.loops import TrainLoop, evaluate
+from hookrun.manager import HookStats, PluginManager
+from hookrun.optim_step import OptimizerStep
+from hookrun.reporting import Reporter
 from hookrun.scalars import ScalarStore
-from hookrun.steps import (
-    MetricMeans,
-    batch_size,
-    check_convention,
-    evaluation_values,
-    to_device,
-    training_losses,
-)
+from hookrun.steps import check_convention, to_device
 from hookrun.writers import Writer, open_writers, resolve_writers
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -63,10 +59,13 @@ class Runner:
         clip_grad: float | Mapping[str, float] | None = None,
         seed: int = 0,
         scheduler_interval: str = "epoch",
+        log_interval: int = 10,
         ddp: Mapping[str, Any] | None = None,
         config: Mapping[str, Any] | None = None,
     ) -> None:
         check_arguments(max_epochs, max_iters, val_interval, amp, grad_accum, scheduler_interval)
+        if isinstance(log_interval, bool) or not isinstance(log_interval, int) or log_interval < 1:
+            raise ConfigError(f"runner.log_interval: must be an int >= 1 (got {log_interval!r})")
         check_convention(model, criterion)
         self.seed = seed
         seed_all(seed)
@@ -75,7 +74,6 @@ class Runner:
         if amp == "fp16" and self.device.type != "cuda":
             raise ConfigError("runner.amp: 'fp16' needs a CUDA device; use 'bf16' on CPU")
         self.unwrapped_model = model.to(self.device)
-        self._training_step = getattr(model, "training_step", None)
         self.model: nn.Module = self.unwrapped_model
         if self.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -112,20 +110,53 @@ class Runner:
         self.hooks = self.manager.hooks
         for notice in self.manager.notices:
             self.info(notice)
-        self.scalars = ScalarStore()
+        self.hook_stats: HookStats = self.manager.stats
+        self.scalars = ScalarStore(window=max(100, log_interval))
         self.writers: list[Writer] = []
         self._writer_classes = resolve_writers(writers)
-        self.iter = 0
-        self.epoch = 0
-        self.inner_iter = 0
+        self.log_interval = log_interval
+        self.position = LoopPosition()
         self.stop_training = False
         self.mode = "idle"
         self.resumed_from: Path | None = None
         self.last_metrics: dict[str, dict[str, float]] = {}
-        self._pos: dict[str, Any] = {"epoch": 0, "batch": 0, "phase": "train", "iter": 0}
+        self.optimizer_step = OptimizerStep(
+            self, self.hooks, self.scalars, grad_accum, self.clip_grad, self.scaler
+        )
+        self.reporter = Reporter(self, log_interval)
         self._depth = 0
 
     # -- counters and helpers ------------------------------------------------------------
+
+    @property
+    def iter(self) -> int:
+        """The running iteration's 0-based index; between iterations, the iterations done."""
+        pos = self.position
+        return pos.iter - 1 if pos.iter_ending else pos.iter
+
+    @property
+    def epoch(self) -> int:
+        """The running epoch (0-based); once its training is over, the epochs done."""
+        pos = self.position
+        closed = pos.epoch_closed(self.by_epoch) and not pos.epoch_ending
+        return pos.epoch + 1 if closed else pos.epoch
+
+    @property
+    def inner_iter(self) -> int:
+        """The running iteration's index within its epoch."""
+        pos = self.position
+        return pos.batch - 1 if pos.iter_ending else pos.batch
+
+    @property
+    def validation_schedule(self) -> ValidationSchedule:
+        last = self.max_epochs if self.by_epoch else self.max_iters
+        has_val = self._loaders["val"] is not None
+        return ValidationSchedule(self.by_epoch, self.val_interval, last or 0, has_val)
+
+    @property
+    def plugin_order(self) -> list[tuple[str, object]]:
+        """Active plugins and ad-hoc hooks in call order (name, object)."""
+        return list(self.manager.ordered)
 
     @property
     def max_iters(self) -> int:
@@ -163,7 +194,41 @@ class Runner:
         completed iterations."""
         if self.is_main and scalars:
             for writer in self.writers:
-                writer.write_scalars(scalars, self._pos["iter"] if step is None else step)
+                writer.write_scalars(scalars, self.position.iter if step is None else step)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The run's mixed-precision context (``amp``), a no-op without AMP."""
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
+
+    def to_device(self, batch: Any) -> Any:
+        """``batch`` (tensors nested in lists, tuples, dicts) moved to the runner's device."""
+        return to_device(batch, self.device)
+
+    def rng_state(self) -> dict[str, Any]:
+        """A snapshot of every random generator (python, numpy, torch, CUDA) of this process."""
+        return ckpt_io.rng_state()
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        """Put back a snapshot taken with :meth:`rng_state`."""
+        ckpt_io.set_rng_state(state)
+
+    @contextlib.contextmanager
+    def rng_preserved(self) -> Iterator[None]:
+        """Run a block without changing what the run draws afterwards."""
+        state = self.rng_state()
+        try:
+            yield
+        finally:
+            self.set_rng_state(state)
+
+    def extra_models(self) -> dict[str, Callable[[], Any]]:
+        """Every plugin's extra models (``extra_models`` hook), name to swap-in factory."""
+        found: dict[str, Callable[[], Any]] = {}
+        for models in self.hooks.extra_models(runner=self):
+            found.update(models)
+        return found
 
     # -- public entry points -------------------------------------------------------------
 
@@ -176,7 +241,7 @@ class Runner:
             if resume is not None:
                 self._resume(resume)
             self.hooks.before_train(runner=self)
-            self._train_loop()
+            TrainLoop(self).run()
             self.hooks.after_train(runner=self)
             self.hooks.after_run(runner=self)
 
@@ -191,7 +256,7 @@ class Runner:
     def evaluate(self, dataloader: Iterable[Any], mode: str = "val") -> dict[str, float]:
         """Metrics of ``dataloader`` without calling any hook (for plugins that need a pass)."""
         loader = make_loader(dataloader, self.seed, shard_sampler(dataloader))
-        return self._evaluation_loop(loader, mode, hooks=False)
+        return evaluate(self, loader, mode, hooks=False)
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -200,6 +265,11 @@ class Runner:
         state = run_state.collect(self, save_optimizer)
         self.hooks.before_save_checkpoint(runner=self, checkpoint=state)
         return state
+
+    def write_checkpoint(self, state: dict[str, Any], path: str | Path) -> Path:
+        """Write a collected state atomically to ``path`` (this process only; values are
+        checked to load with ``weights_only=True``)."""
+        return ckpt_io.write(state, path)
 
     def save_checkpoint(self, path: str | Path, save_optimizer: bool = True) -> Path:
         """Write a checkpoint atomically (rank 0 writes, every rank waits for it)."""
@@ -259,6 +329,9 @@ class Runner:
         previous, self.mode = self.mode, mode
         if outer and self.is_main and not self.writers:
             self.writers = open_writers(self._writer_classes, self.work_dir)
+            config = {**self.config, "active_plugins": self._plugin_rows()}
+            for writer in self.writers:
+                writer.write_config(config)
         try:
             yield
         except BaseException as exc:
@@ -274,148 +347,18 @@ class Runner:
                 self.writers = []
 
     def _on_exception(self, exc: BaseException) -> None:
-        kwargs = {"runner": self, "exception": exc}
-        for impl in self.hooks.on_exception.impls:
-            try:
-                impl.call(kwargs)
-            except Exception as hook_exc:  # never hide the original exception
-                print(
-                    f"[hookrun] on_exception of {impl.owner!r} failed: {hook_exc!r}",
-                    file=sys.stderr,
-                )
+        self.hooks.on_exception(runner=self, exception=exc)
 
-    def _train_loop(self) -> None:
-        loader = self._loaders["train"]
-        assert loader is not None
-        per_epoch = len(loader)
-        if per_epoch == 0:
-            raise ConfigError("train_dataloader: yields no batches")
-        pos = self._pos
-        pending_val = (
-            not self.by_epoch and pos["phase"] == "train" and self._iter_val_due(pos["iter"])
-        )
-        self.stop_training = False
-        while not self._finished():
-            self.epoch = pos["epoch"]
-            if pos["phase"] == "train" or (not self.by_epoch and pos["phase"] == "validated"):
-                if pending_val:
-                    self._validate()
-                    pending_val = False
-                if pos["batch"] < per_epoch and not self.stop_training and not self._iters_done():
-                    self.unwrapped_model.train()
-                    self.hooks.before_train_epoch(runner=self)
-                    self._train_epoch(loader, pos["batch"], per_epoch)
-                self._end_epoch(per_epoch)
-            if self._epoch_val_pending():
-                self._validate()
-            if self.stop_training or self._iters_done():
-                break
-            self._pos = pos = {
-                "epoch": pos["epoch"] + 1,
-                "batch": 0,
-                "phase": "train",
-                "iter": pos["iter"],
-            }
-
-    def _finished(self) -> bool:
-        """Whether the position restored (or reached) leaves nothing to do."""
-        pos = self._pos
-        if self.by_epoch:
-            return pos["epoch"] >= self.max_epochs or (
-                pos["epoch"] + 1 == self.max_epochs and pos["phase"] == "validated"
-            )
-        return pos["iter"] >= self.max_iters and pos["phase"] != "train"
-
-    def _iters_done(self) -> bool:
-        return not self.by_epoch and self._pos["iter"] >= self.max_iters
-
-    def _iter_val_due(self, done: int) -> bool:
-        if self.by_epoch or done == 0 or self._loaders["val"] is None:
-            return False
-        return done % self.val_interval == 0 or done == self.max_iters
-
-    def _epoch_val_pending(self) -> bool:
-        pos = self._pos
-        if not self.by_epoch or pos["phase"] != "trained" or self.stop_training:
-            return False
-        epoch = pos["epoch"] + 1
-        due = epoch % self.val_interval == 0 or epoch == self.max_epochs
-        return due and self._loaders["val"] is not None
-
-    def _train_epoch(self, loader: Any, skip: int, per_epoch: int) -> None:
-        hooks, pos, device = self.hooks, self._pos, self.device
-        move = device.type != "cpu"  # loaders yield CPU tensors; moving them to CPU is a no-op
-        by_iters = not self.by_epoch  # only iteration-based runs validate or end mid-epoch
-        for batch_idx, batch in enumerate(loader.epoch_iter(pos["epoch"], skip), start=skip):
-            self.inner_iter = batch_idx
-            if move:
-                batch = to_device(batch, device)
-            hooks.before_train_iter(runner=self, batch_idx=batch_idx, batch=batch)
-            outputs = self._train_step(batch, batch_idx, per_epoch)
-            hooks.after_train_iter(runner=self, batch_idx=batch_idx, batch=batch, outputs=outputs)
-            self.iter = pos["iter"]
-            if by_iters and self._iter_val_due(pos["iter"]):
-                self._validate()
-            if self.stop_training or (by_iters and self._iters_done()):
-                break
-
-    def _train_step(self, batch: Any, batch_idx: int, per_epoch: int) -> dict[str, torch.Tensor]:
-        optimizer = self.optimizer
-        assert optimizer is not None
-        boundary = (batch_idx + 1) % self.grad_accum == 0 or batch_idx + 1 == per_epoch
-        model, module, step = self.model, self.unwrapped_model, self._training_step
-        if self.amp is None and self.world_size == 1:  # the common case, without context managers
-            losses = training_losses(model, module, step, self.criterion, batch)
-            loss = losses["loss"]
-            (loss / self.grad_accum if self.grad_accum > 1 else loss).backward()
-        else:
-            sync = (
-                contextlib.nullcontext() if boundary or self.world_size == 1 else model.no_sync()  # type: ignore[operator]
-            )
-            with sync, self._autocast():
-                losses = training_losses(model, module, step, self.criterion, batch)
-            loss = losses["loss"] / self.grad_accum if self.grad_accum > 1 else losses["loss"]
-            with sync:
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-        if boundary:
-            if self.clip_grad:
-                if self.scaler is not None:
-                    self.scaler.unscale_(optimizer)
-                norm = nn.utils.clip_grad_norm_(self.unwrapped_model.parameters(), **self.clip_grad)  # type: ignore[arg-type]
-                self.scalars.put("train/grad_norm", norm)
-            if self.scaler is not None:
-                self.scaler.step(optimizer)
-                self.scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if self.scheduler is not None and self.scheduler_interval == "iter":
-                self.scheduler.step()
-        pos = self._pos
-        pos["batch"] = batch_idx + 1
-        pos["iter"] += 1
-        pos["phase"] = "train"
-        outputs = {name: value.detach() for name, value in losses.items()}
-        self.scalars.update(outputs, prefix="train/")
-        return outputs
-
-    def _end_epoch(self, per_epoch: int) -> None:
-        """Close an epoch; one cut short by ``stop_training`` stays resumable mid-epoch."""
-        pos = self._pos
-        complete = pos["batch"] >= per_epoch
-        if complete and self.scheduler is not None and self.scheduler_interval == "epoch":
-            self.scheduler.step()
-        if complete or self._iters_done():
-            pos["phase"] = "trained"
-        dist.broadcast_buffers(self.unwrapped_model)
-        self.hooks.after_train_epoch(runner=self)
-        self.epoch = self._pos["epoch"] + 1
-
-    def _validate(self) -> None:
-        loader = self._loaders["val"]
-        assert loader is not None
-        self._evaluation_loop(loader, "val", hooks=True)  # restores the training mode
-        self._pos["phase"] = "validated"
+    def _plugin_rows(self) -> list[dict[str, Any]]:
+        """Active plugins and hooks in call order with priority and settings (for writers)."""
+        rows = []
+        for name, obj in self.manager.ordered:
+            row: dict[str, Any] = {"name": name, "priority": int(getattr(obj, "priority", 50))}
+            settings = getattr(obj, "settings", None)
+            if hasattr(settings, "model_dump"):
+                row["settings"] = settings.model_dump(mode="json")  # type: ignore[union-attr]
+            rows.append(row)
+        return rows
 
     def _evaluate_alone(self, mode: str) -> dict[str, float]:
         loader = self._loaders[mode]
@@ -423,45 +366,6 @@ class Runner:
             raise ConfigError(f"runner.{mode}: no {mode}_dataloader was given")
         with self._run(mode):
             self.hooks.before_run(runner=self)
-            metrics = self._evaluation_loop(loader, mode, hooks=True)
+            metrics = evaluate(self, loader, mode, hooks=True)
             self.hooks.after_run(runner=self)
         return metrics
-
-    def _evaluation_loop(self, loader: Any, mode: str, hooks: bool) -> dict[str, float]:
-        call = getattr if hooks else _no_hook
-        before_iter = call(self.hooks, f"before_{mode}_iter")
-        after_iter = call(self.hooks, f"after_{mode}_iter")
-        if hooks:
-            getattr(self.hooks, f"before_{mode}")(runner=self)
-            getattr(self.hooks, f"before_{mode}_epoch")(runner=self)
-        was_training = self.unwrapped_model.training
-        dist.broadcast_buffers(self.unwrapped_model)
-        self.unwrapped_model.eval()
-        means = MetricMeans(self.device)
-        with torch.no_grad():
-            for batch_idx, batch in enumerate(loader.epoch_iter(0)):
-                batch = to_device(batch, self.device)
-                before_iter(runner=self, batch_idx=batch_idx, batch=batch)
-                with self._autocast():
-                    values = evaluation_values(
-                        self.unwrapped_model, self.criterion, self.metrics, batch, mode
-                    )
-                means.add(values, batch_size(batch))
-                after_iter(runner=self, batch_idx=batch_idx, batch=batch, outputs=values)
-        self.unwrapped_model.train(was_training)
-        metrics = means.result()
-        if hooks:
-            getattr(self.hooks, f"after_{mode}_epoch")(runner=self, metrics=metrics)
-            self.last_metrics[mode] = dict(metrics)
-            self.write_scalars({f"{mode}/{k}": v for k, v in metrics.items()})
-            getattr(self.hooks, f"after_{mode}")(runner=self)
-        return metrics
-
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.amp is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
-
-
-def _no_hook(_hooks: object, _name: str) -> Callable[..., None]:
-    return lambda **kwargs: None

@@ -12,14 +12,19 @@ import torch
 class ScalarStore:
     """The latest value and a bounded history per name; values may be device tensors.
 
-    ``put`` never synchronises with the device. ``read`` moves everything asked for to the
-    host in one transfer per device, so a logger pays one sync per interval.
+    Each name is a *series* (``put``: the core's report writes its mean over the values put
+    since the previous report) or a *gauge* (``gauge``: the report writes its latest value,
+    which may be any object with ``__float__``, computed when read). ``put`` and ``gauge``
+    never synchronise with the device; reading moves everything asked for to the host in one
+    transfer per device, so a run pays one sync per report.
     """
 
     def __init__(self, window: int = 100) -> None:
         self.window = window
         self._latest: dict[str, Any] = {}
         self._history: dict[str, deque[Any]] = {}
+        self._fresh: dict[str, int] = {}  # series values put since the last report
+        self._gauges: set[str] = set()
 
     def ensure_window(self, window: int) -> None:
         """Keep at least ``window`` values per name from now on (existing histories too)."""
@@ -29,15 +34,41 @@ class ScalarStore:
                 self._history[name] = deque(history, maxlen=window)
 
     def put(self, name: str, value: Any) -> None:
+        """Add a value to the series ``name``."""
         self._latest[name] = value
         history = self._history.get(name)
         if history is None:
             history = self._history[name] = deque(maxlen=self.window)
+            self._fresh[name] = 0
         history.append(value)
+        self._fresh[name] += 1
 
     def update(self, values: Mapping[str, Any], prefix: str = "") -> None:
         for name, value in values.items():
             self.put(prefix + name, value)
+
+    def gauge(self, name: str, value: Any) -> None:
+        """Set the gauge ``name``: reports write its current value, not a mean."""
+        self._gauges.add(name)
+        self.put(name, value)
+
+    def report(self, prefix: str = "train/") -> dict[str, float]:
+        """Host floats of every ``prefix`` name for a report, in one transfer: series as the
+        mean of the values put since the last report (names with none are left out), gauges
+        as their latest value. Starts the next report's series."""
+        pending: list[Any] = []
+        names: list[str] = []
+        for name, history in self._history.items():
+            if not name.startswith(prefix):
+                continue
+            fresh = 1 if name in self._gauges else min(self._fresh[name], len(history))
+            if fresh == 0:
+                continue
+            values = list(history)[-fresh:]
+            names.append(name)
+            pending.append(values[0] if fresh == 1 else _mean(values))
+            self._fresh[name] = 0
+        return dict(zip(names, to_floats(pending), strict=True))
 
     def names(self) -> list[str]:
         return list(self._latest)
@@ -71,6 +102,20 @@ class ScalarStore:
     def clear(self) -> None:
         self._latest.clear()
         self._history.clear()
+        self._fresh.clear()
+        self._gauges.clear()
+
+
+def _mean(values: list[Any]) -> Any:
+    """Mean of numbers and/or tensors in float64, left on the device: nothing is read here."""
+    try:  # the usual case, same-shaped tensors on one device: two small ops
+        return torch.stack(values).mean(dtype=torch.float64)
+    except (TypeError, RuntimeError):  # numbers, objects with __float__, mixed devices
+        total: Any = 0.0
+        for value in values:
+            is_tensor = isinstance(value, torch.Tensor)
+            total = total + (value.detach().double().mean() if is_tensor else float(value))
+        return total / len(values)
 
 
 def to_floats(values: list[Any]) -> list[float]:

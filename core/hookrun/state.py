@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from hookrun import checkpoint as ckpt_io
 from hookrun import dist
+from hookrun.loop import LoopPosition
 
 if TYPE_CHECKING:
     from hookrun.runner import Runner
@@ -17,21 +18,20 @@ if TYPE_CHECKING:
 
 def collect(runner: Runner, save_optimizer: bool = True) -> dict[str, Any]:
     """The full state of a run (format ``hookrun/1``), every rank's RNG streams included."""
-    pos = runner._pos
+    pos = runner.position
     rng = ckpt_io.rng_state()
     ranks = dist.all_gather_object(rng) if runner.world_size > 1 else None
-    epoch_over = pos["phase"] == "trained" or (runner.by_epoch and pos["phase"] == "validated")
     state: dict[str, Any] = {
         "format": ckpt_io.FORMAT,
         "meta": {
             "hookrun_version": _version(),
-            "epoch": pos["epoch"] + int(epoch_over),
-            "iter": pos["iter"],
+            "epoch": pos.epoch + int(pos.epoch_closed(runner.by_epoch)),
+            "iter": pos.iter,
             "time": time.time(),
             "world_size": runner.world_size,
         },
         "model": runner.unwrapped_model.state_dict(),
-        "loop": dict(pos),
+        "loop": pos.state_dict(),
         "rng": rng,
         "plugins": {name: obj.state_dict() for name, obj in runner.manager.stateful().items()},  # type: ignore[attr-defined]
     }
@@ -55,9 +55,7 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
         target = getattr(runner, name)
         if target is not None and name in checkpoint:
             target.load_state_dict(checkpoint[name])
-    runner._pos = dict(checkpoint["loop"])
-    runner.iter = runner._pos["iter"]
-    runner.epoch = checkpoint["meta"]["epoch"]
+    runner.position = LoopPosition.from_state(checkpoint["loop"])
     for name, obj in runner.manager.stateful().items():
         if name in checkpoint.get("plugins", {}):
             obj.load_state_dict(checkpoint["plugins"][name])  # type: ignore[attr-defined]

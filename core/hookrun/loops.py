@@ -1,0 +1,197 @@
+"""The training and evaluation loops: which hook fires when, over a saved position.
+
+The training loop is one state machine over :class:`~hookrun.loop.LoopPosition`, which is
+what makes mid-epoch resume exact. The step itself (backward, optimizer) is
+:class:`~hookrun.optim_step.OptimizerStep`'s; what a batch means is :mod:`hookrun.steps`'.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from hookrun import dist
+from hookrun.errors import ConfigError
+from hookrun.loop import LoopPosition, Phase
+from hookrun.steps import MetricMeans, batch_size, evaluation_values, to_device, training_losses
+
+
+class TrainLoop:
+    """Epochs of training iterations with validation as scheduled, from ``runner.position``."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.hooks = runner.hooks
+        self.loader = runner._loaders["train"]
+
+    def run(self) -> None:
+        runner, loader = self.runner, self.loader
+        per_epoch = len(loader)
+        if per_epoch == 0:
+            raise ConfigError("train_dataloader: yields no batches")
+        pos: LoopPosition = runner.position
+        by_epoch = runner.by_epoch
+        pending_val = (
+            not by_epoch and pos.phase is Phase.TRAIN and runner.validation_schedule.due(pos.iter)
+        )
+        runner.stop_training = False
+        runner.reporter.start(pos.iter)
+        while not self.finished():
+            if pos.phase is Phase.TRAIN or (not by_epoch and pos.phase is Phase.VALIDATED):
+                if pending_val:
+                    self.validate()
+                    pending_val = False
+                if pos.batch < per_epoch and not runner.stop_training and not self.iters_done():
+                    runner.unwrapped_model.train()
+                    self.hooks.before_train_epoch(runner=runner)
+                    self.train_epoch(pos.batch, per_epoch)
+                self.end_epoch(per_epoch)
+            if self.epoch_validation_due():
+                self.validate()
+            if runner.stop_training or self.iters_done():
+                break
+            pos.next_epoch()
+
+    def finished(self) -> bool:
+        """Whether the position restored (or reached) leaves nothing to do."""
+        runner, pos = self.runner, self.runner.position
+        if runner.by_epoch:
+            last = runner.max_epochs
+            return pos.epoch >= last or (pos.epoch + 1 == last and pos.phase is Phase.VALIDATED)
+        return pos.iter >= runner.max_iters and pos.phase is not Phase.TRAIN
+
+    def iters_done(self) -> bool:
+        runner = self.runner
+        return not runner.by_epoch and runner.position.iter >= runner.max_iters
+
+    def epoch_validation_due(self) -> bool:
+        """After a whole epoch of an epoch-based run; also when a hook stopped training at
+        the epoch's end (DESIGN §3), not when it stopped mid-epoch."""
+        runner, pos = self.runner, self.runner.position
+        if not runner.by_epoch or pos.phase is not Phase.TRAINED:
+            return False
+        return runner.validation_schedule.due(pos.epoch + 1)
+
+    def train_epoch(self, skip: int, per_epoch: int) -> None:
+        runner, hooks, pos = self.runner, self.hooks, self.runner.position
+        device = runner.device
+        move = device.type != "cpu"  # loaders yield CPU tensors; moving them to CPU is a no-op
+        by_iters = not runner.by_epoch  # only iteration-based runs validate or end mid-epoch
+        reporter, schedule = runner.reporter, runner.validation_schedule
+        step = TrainStep(runner, per_epoch)
+        for batch_idx, batch in enumerate(self.loader.epoch_iter(pos.epoch, skip), start=skip):
+            if move:
+                batch = to_device(batch, device)
+            hooks.before_train_iter(runner=runner, batch_idx=batch_idx, batch=batch)
+            done = pos.iter + 1
+            report = reporter.due(done, batch_idx + 1 == per_epoch)
+            if report:
+                reporter.keep_lrs()
+            outputs = step(batch, batch_idx)
+            hooks.after_train_iter(runner=runner, batch_idx=batch_idx, batch=batch, outputs=outputs)
+            pos.iter_ending = False
+            if report:
+                reporter.report(done)
+            if by_iters and schedule.due(done):
+                self.validate()
+            if runner.stop_training or (by_iters and self.iters_done()):
+                break
+
+    def end_epoch(self, per_epoch: int) -> None:
+        """Close an epoch; one cut short by ``stop_training`` stays resumable mid-epoch."""
+        runner, pos = self.runner, self.runner.position
+        complete = pos.batch >= per_epoch
+        if complete and runner.scheduler is not None and runner.scheduler_interval == "epoch":
+            runner.scheduler.step()
+        if complete or self.iters_done():
+            pos.phase = Phase.TRAINED
+        dist.broadcast_buffers(runner.unwrapped_model)
+        pos.epoch_ending = True
+        self.hooks.after_train_epoch(runner=runner)
+        pos.epoch_ending = False
+
+    def validate(self) -> None:
+        runner = self.runner
+        start = time.perf_counter()
+        evaluate(runner, runner._loaders["val"], "val", hooks=True)
+        runner.reporter.validation_took(time.perf_counter() - start)
+        runner.position.phase = Phase.VALIDATED
+
+
+class TrainStep:
+    """One iteration: forward (the model's convention), backward and, at an accumulation
+    boundary, the optimizer step; then the position advances and the losses are stored."""
+
+    def __init__(self, runner: Any, per_epoch: int) -> None:
+        self.runner = runner
+        self.per_epoch = per_epoch
+        self.optim = runner.optimizer_step
+        self.plain = runner.amp is None and runner.world_size == 1  # no context managers
+        self.step = getattr(runner.unwrapped_model, "training_step", None)
+
+    def __call__(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
+        runner, optim = self.runner, self.optim
+        boundary = (batch_idx + 1) % optim.grad_accum == 0 or batch_idx + 1 == self.per_epoch
+        model, module = runner.model, runner.unwrapped_model
+        if self.plain:
+            losses = training_losses(model, module, self.step, runner.criterion, batch)
+            optim.backward(losses["loss"])
+        else:
+            with optim.sync_context(boundary):
+                with runner.autocast():
+                    losses = training_losses(model, module, self.step, runner.criterion, batch)
+                optim.backward(losses["loss"])
+        if boundary:
+            optim.step()
+        pos = runner.position
+        pos.batch = batch_idx + 1
+        pos.iter += 1
+        pos.phase = Phase.TRAIN
+        pos.iter_ending = True
+        outputs = {name: value.detach() for name, value in losses.items()}
+        runner.scalars.update(outputs, prefix="train/")
+        return outputs
+
+
+def evaluate(runner: Any, loader: Any, mode: str, hooks: bool) -> dict[str, float]:
+    """One pass over ``loader`` in eval mode, metrics averaged over every sample of every
+    rank. With ``hooks`` the ``*_{mode}*`` hook points fire, all of them in eval mode, and
+    the metrics go to the writers; the training mode is restored afterwards."""
+    points = runner.hooks if hooks else None
+    model = runner.unwrapped_model
+    was_training = model.training
+    dist.broadcast_buffers(model)
+    model.eval()
+    try:
+        if points is not None:
+            getattr(points, f"before_{mode}")(runner=runner)
+            getattr(points, f"before_{mode}_epoch")(runner=runner)
+        metrics = _pass(runner, loader, mode, points)
+        if points is not None:
+            getattr(points, f"after_{mode}_epoch")(runner=runner, metrics=metrics)
+            runner.last_metrics[mode] = dict(metrics)
+            runner.write_scalars({f"{mode}/{k}": v for k, v in metrics.items()})
+            getattr(points, f"after_{mode}")(runner=runner)
+    finally:
+        model.train(was_training)
+    return metrics
+
+
+def _pass(runner: Any, loader: Any, mode: str, points: Any) -> dict[str, float]:
+    before_iter = getattr(points, f"before_{mode}_iter", None)
+    after_iter = getattr(points, f"after_{mode}_iter", None)
+    means = MetricMeans(runner.device)
+    model, device = runner.unwrapped_model, runner.device
+    with torch.no_grad():
+        for batch_idx, batch in enumerate(loader.epoch_iter(0)):
+            batch = to_device(batch, device)
+            if before_iter is not None:
+                before_iter(runner=runner, batch_idx=batch_idx, batch=batch)
+            with runner.autocast():
+                values = evaluation_values(model, runner.criterion, runner.metrics, batch, mode)
+            means.add(values, batch_size(batch))
+            if after_iter is not None:
+                after_iter(runner=runner, batch_idx=batch_idx, batch=batch, outputs=values)
+    return means.result()

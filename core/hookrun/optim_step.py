@@ -1,0 +1,84 @@
+"""One training step's backward and optimizer update: AMP scaling, accumulation, DDP's
+``no_sync``, clipping, and the four hook points around them (DESIGN §3).
+
+Kept apart from the loop the way MMEngine splits ``OptimWrapper`` from its loops: the loop
+decides *when* (which batch closes an accumulation group), this object *how*.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookrun.manager import Hooks
+from hookrun.scalars import ScalarStore
+
+
+class OptimizerStep:
+    """Backward, then at an accumulation boundary: unscale, ``before_optimizer_step`` (any
+    ``False`` skips the step), clip, step, ``after_optimizer_step``, zero the gradients and
+    step a per-iteration scheduler."""
+
+    def __init__(
+        self,
+        runner: Any,
+        hooks: Hooks,
+        scalars: ScalarStore,
+        grad_accum: int,
+        clip_grad: Mapping[str, Any] | None,
+        scaler: torch.amp.GradScaler | None,
+    ) -> None:
+        self.runner = runner
+        self.hooks = hooks
+        self.scalars = scalars
+        self.grad_accum = grad_accum
+        self.clip_grad = dict(clip_grad) if clip_grad else None
+        self.scaler = scaler
+        self.steps = 0  # optimizer steps taken by this process (skipped ones not counted)
+
+    def sync_context(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
+        """DDP's ``no_sync`` inside an accumulation group: gradients are reduced once, at
+        the boundary."""
+        model = self.runner.model
+        if boundary or not hasattr(model, "no_sync"):
+            return contextlib.nullcontext()
+        return model.no_sync()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        runner, hooks = self.runner, self.hooks
+        if self.grad_accum > 1:
+            loss = loss / self.grad_accum
+        hooks.before_backward(runner=runner, loss=loss)
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        hooks.after_backward(runner=runner)
+
+    def step(self) -> bool:
+        """The update at an accumulation boundary; whether the weights changed."""
+        runner, hooks, scaler = self.runner, self.hooks, self.scaler
+        optimizer = runner.optimizer
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        verdicts = hooks.before_optimizer_step(runner=runner, optimizer=optimizer)
+        stepped = False not in verdicts
+        if stepped:
+            if self.clip_grad:
+                norm = nn.utils.clip_grad_norm_(
+                    runner.unwrapped_model.parameters(), **self.clip_grad
+                )
+                self.scalars.put("train/grad_norm", norm)
+            if scaler is not None:
+                scaler.step(optimizer)
+            else:
+                optimizer.step()
+            self.steps += 1
+            hooks.after_optimizer_step(runner=runner, optimizer=optimizer)
+        if scaler is not None:
+            scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if runner.scheduler is not None and runner.scheduler_interval == "iter":
+            runner.scheduler.step()
+        return stepped

@@ -1,0 +1,94 @@
+"""Training reports, owned by the core: every ``log_interval`` iterations, at each epoch's
+end and after the last iteration, the scalar store is read once (one host transfer) and
+``train/*`` goes to every writer, then ``after_report`` lets plugins render it.
+
+Between reports an iteration costs one integer check: tensors stay on the device.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from hookrun.loop import ValidationSchedule
+
+
+class Reporter:
+    """Reads, writes and announces training reports; measures the ETA on the way."""
+
+    def __init__(self, runner: Any, interval: int) -> None:
+        self.runner = runner
+        self.interval = interval
+        self.lrs: list[float] = []  # the learning rates the reported iteration trained with
+        self.mark = (0.0, 0)  # (clock, completed iterations) at the previous report
+        self.val_seconds = 0.0  # validation time since the previous report
+        self.val_total = (0, 0.0)  # (passes, seconds) over this process's run
+
+    def start(self, done: int) -> None:
+        self.mark = (time.perf_counter(), done)
+        self.val_seconds = 0.0
+
+    def due(self, done: int, epoch_end: bool) -> bool:
+        """Whether the iteration that completes ``done`` iterations ends with a report."""
+        return done % self.interval == 0 or epoch_end or done == self.runner.max_iters
+
+    def keep_lrs(self) -> None:
+        """Called before a reported iteration's step: its learning rates are the ones logged."""
+        optimizer = self.runner.optimizer
+        self.lrs = [float(group["lr"]) for group in optimizer.param_groups] if optimizer else []
+
+    def validation_took(self, seconds: float) -> None:
+        self.val_seconds += seconds
+        passes, total = self.val_total
+        self.val_total = (passes + 1, total + seconds)
+
+    def report(self, done: int) -> None:
+        """Read, write and announce the report of ``done`` completed iterations (rank 0)."""
+        runner = self.runner
+        if not runner.is_main:
+            return
+        scalars = runner.scalars.report("train/")
+        scalars.update(lr_scalars(self.lrs))
+        eta = self.eta(done)
+        if eta is not None:
+            scalars["train/eta"] = eta
+        if runner.device.type == "cuda":
+            scalars["train/memory"] = torch.cuda.max_memory_allocated(runner.device) / 2**20
+            torch.cuda.reset_peak_memory_stats(runner.device)
+        runner.write_scalars(scalars, step=done)
+        runner.hooks.after_report(runner=runner, scalars=scalars, step=done)
+
+    def eta(self, done: int) -> float | None:
+        """Seconds left: the remaining iterations at the last interval's pace (validation cut
+        out), plus the remaining validations at their measured mean."""
+        now = time.perf_counter()
+        then, then_done = self.mark
+        self.mark = (now, done)
+        seconds, self.val_seconds = now - then - self.val_seconds, 0.0
+        if done <= then_done:
+            return None
+        runner = self.runner
+        eta = (runner.max_iters - done) * max(seconds, 0.0) / (done - then_done)
+        passes, total = self.val_total
+        if passes:
+            eta += remaining_validations(runner, done) * total / passes
+        return eta
+
+
+def remaining_validations(runner: Any, done: int) -> int:
+    """Validations still to run after ``done`` completed iterations."""
+    schedule: ValidationSchedule = runner.validation_schedule
+    if runner.by_epoch:
+        return schedule.remaining(runner.position.epoch + int(runner.position.epoch_closed(True)))
+    return schedule.remaining(done)
+
+
+def lr_scalars(lrs: list[float]) -> dict[str, float]:
+    """``train/lr``, or ``train/lr/group<i>`` when parameter groups differ."""
+    if not lrs:
+        return {}
+    if all(lr == lrs[0] for lr in lrs):
+        return {"train/lr": lrs[0]}
+    return {f"train/lr/group{i}": lr for i, lr in enumerate(lrs)}
