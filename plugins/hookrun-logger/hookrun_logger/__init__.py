@@ -1,8 +1,9 @@
-"""hookrun-logger: a progress display, smoothed training scalars for every writer, metric tables.
+"""hookrun-logger: the console view of a run: a progress bar or plain lines, metric tables.
 
-Training scalars stay on the device between logging intervals; every ``interval`` iterations
-they are read to the host in one batched transfer. In between, an iteration costs the logger
-one integer check, and the progress bar is redrawn by rich's own thread on a clock.
+The core reports training scalars to every writer (``runner.log_interval``); this plugin
+only renders those reports (``after_report``), so between reports it costs nothing and the
+writers get every scalar without it. The progress bar is redrawn by rich's own thread on a
+clock.
 """
 
 from __future__ import annotations
@@ -18,27 +19,31 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from hookrun import Plugin, PluginSettings, Priority, hookimpl
+from hookrun import (
+    ConfigError,
+    Plugin,
+    PluginSettings,
+    Priority,
+    RunnerProtocol,
+    format_duration,
+    hookimpl,
+)
 
 __all__ = ["Logger", "LoggerSettings"]
 
-TIMER_KEYS = ("train/time", "train/data_time", "train/throughput", "train/eta")
+#: Rendered in their own places on a line, not as ``name value`` pairs.
+OWN_PLACE = ("train/eta", "train/lr")
 
 
 class LoggerSettings(PluginSettings):
     """Settings of the ``logger`` plugin."""
 
-    interval: int = Field(
-        50,
+    interval: int | None = Field(
+        None,
         ge=1,
-        description="Every `interval` training iterations the scalars are read to the host "
-        "(one transfer), written to every writer and, in `lines` mode, printed.",
-    )
-    window: int = Field(
-        20,
-        ge=1,
-        description="Smoothing window: each logged loss is the mean of its last `window` "
-        "iterations.",
+        description="In `lines` mode, print a line every `interval` iterations, at the "
+        "core's reports (`runner.log_interval`, which must divide it); `null`: at every "
+        "report. Also the batch interval of `log_val_iters` lines.",
     )
     progress: Literal["auto", "bar", "lines", "off"] = Field(
         "auto",
@@ -64,27 +69,30 @@ class Logger(Plugin):
     priority = Priority.BELOW_NORMAL
     enabled_by_default = True
 
+    settings: LoggerSettings
+
     def __init__(self, settings: LoggerSettings | None = None) -> None:
         super().__init__(settings)
-        self.interval: int = self.settings.interval
         self.display = "off"
+        self.every = 1  # console lines every `every` iterations
         self.view: ProgressView | None = None
         self.live: Live | None = None
-        self.values: dict[str, float] = {}  # the last interval's host floats
-        self.rate = 0.0  # iterations per second over the last interval
-        self._mark = (0.0, 0)  # (clock, iteration) at the last interval
+        self.rate = 0.0  # iterations per second between the last two lines
+        self._mark = (0.0, 0)  # (clock, iteration) at the last line
         self._eval: list[Any] | None = None  # [mode, batches done, total, clock] during val/test
-        self._lrs: list[Any] = []  # learning rates the interval's last iteration trains with
 
     @hookimpl
-    def before_run(self, runner: Any) -> None:
-        runner.scalars.ensure_window(self.settings.window)
+    def before_run(self, runner: RunnerProtocol) -> None:
+        every = self.settings.interval or runner.log_interval
+        if every % runner.log_interval:
+            raise ConfigError(
+                f"plugins.logger.interval: {every} is not a multiple of runner.log_interval "
+                f"({runner.log_interval}); lines can only be printed at the core's reports"
+            )
+        self.every = every
         if not runner.is_main:
             self.display = "off"
             return
-        config = {**runner.config, "active_plugins": plugin_table(runner)}
-        for writer in runner.writers:
-            writer.write_config(config)
         self.display = resolve_display(self.settings.progress, runner.console)
         if self.display == "bar" and (runner.mode == "train" or self.settings.log_val_iters):
             self.view = ProgressView(runner, self)
@@ -96,46 +104,44 @@ class Logger(Plugin):
             self.live.start()
 
     @hookimpl
-    def before_train(self, runner: Any) -> None:
+    def before_train(self, runner: RunnerProtocol) -> None:
         self._mark = (time.perf_counter(), runner.iter)
-        self.values = {}
         if self.view is not None:
             self.view.start_training()
 
     @hookimpl
-    def before_train_iter(self, runner: Any) -> None:
-        if (runner.iter + 1) % self.interval == 0 and runner.optimizer is not None:
-            self._lrs = [group["lr"] for group in runner.optimizer.param_groups]
+    def after_report(self, runner: RunnerProtocol, scalars: dict[str, float], step: int) -> None:
+        now = time.perf_counter()
+        if self.view is not None:
+            self.view.new_values(scalars, now)
+        elif self.display == "lines" and (step % self.every == 0 or step == runner.max_iters):
+            then, then_iter = self._mark
+            self.rate = (step - then_iter) / (now - then) if now > then else 0.0
+            self._mark = (now, step)
+            write_line(runner.console, train_line(runner, step, scalars, self.rate))
 
     @hookimpl
-    def after_train_iter(self, runner: Any) -> None:
-        if (runner.iter + 1) % self.interval:
-            return
-        if runner.is_main:
-            self._log_interval(runner)
-
-    @hookimpl
-    def before_val_epoch(self, runner: Any) -> None:
+    def before_val_epoch(self, runner: RunnerProtocol) -> None:
         self._start_eval(runner, "val")
 
     @hookimpl
-    def before_test_epoch(self, runner: Any) -> None:
+    def before_test_epoch(self, runner: RunnerProtocol) -> None:
         self._start_eval(runner, "test")
 
     @hookimpl
-    def after_val_iter(self, runner: Any, batch_idx: int) -> None:
+    def after_val_iter(self, runner: RunnerProtocol, batch_idx: int) -> None:
         self._eval_iter(runner, batch_idx)
 
     @hookimpl
-    def after_test_iter(self, runner: Any, batch_idx: int) -> None:
+    def after_test_iter(self, runner: RunnerProtocol, batch_idx: int) -> None:
         self._eval_iter(runner, batch_idx)
 
     @hookimpl
-    def after_val_epoch(self, runner: Any, metrics: dict[str, float]) -> None:
+    def after_val_epoch(self, runner: RunnerProtocol, metrics: dict[str, float]) -> None:
         self._metrics_table(runner, "val", metrics)
 
     @hookimpl
-    def after_test_epoch(self, runner: Any, metrics: dict[str, float]) -> None:
+    def after_test_epoch(self, runner: RunnerProtocol, metrics: dict[str, float]) -> None:
         self._metrics_table(runner, "test", metrics)
 
     @hookimpl
@@ -146,42 +152,25 @@ class Logger(Plugin):
     def on_exception(self) -> None:
         self._stop_bar()
 
-    # -- the work done once per interval ------------------------------------------------
-
-    def _log_interval(self, runner: Any) -> None:
-        step = runner.iter + 1
-        values = read_scalars(runner, self.settings.window, self._lrs)
-        now = time.perf_counter()
-        then, then_iter = self._mark
-        self.rate = (step - then_iter) / (now - then) if now > then else 0.0
-        self._mark = (now, step)
-        self.values = values
-        runner.write_scalars(values, step=step)
-        if self.view is not None:
-            self.view.new_values(values, now)
-        elif self.display == "lines":
-            eta = values.get("train/eta")
-            if eta is None and self.rate > 0:
-                eta = (runner.max_iters - step) / self.rate
-            write_line(runner.console, train_line(runner, step, values, self.rate, eta))
-
     # -- validation and test ------------------------------------------------------------
 
-    def _start_eval(self, runner: Any, mode: str) -> None:
+    def _start_eval(self, runner: RunnerProtocol, mode: str) -> None:
         if self.settings.log_val_iters and self.display != "off":
             loader = getattr(runner, f"{mode}_dataloader", None)
             total = len(loader) if hasattr(loader, "__len__") else None
             self._eval = [mode, 0, total, time.perf_counter()]
 
-    def _eval_iter(self, runner: Any, batch_idx: int) -> None:
+    def _eval_iter(self, runner: RunnerProtocol, batch_idx: int) -> None:
         state = self._eval
         if state is None:
             return
         state[1] = batch_idx + 1
-        if self.display == "lines" and state[1] % self.interval == 0:
+        if self.display == "lines" and state[1] % self.every == 0:
             write_line(runner.console, eval_line(state))
 
-    def _metrics_table(self, runner: Any, mode: str, metrics: Mapping[str, float]) -> None:
+    def _metrics_table(
+        self, runner: RunnerProtocol, mode: str, metrics: Mapping[str, float]
+    ) -> None:
         self._eval = None
         if runner.is_main and metrics:
             runner.console.print(metrics_table(runner, mode, metrics))
@@ -198,7 +187,7 @@ class ProgressView:
     """What the progress bar draws. rich's refresh thread renders it on a clock, reading
     host values only, so training never waits for the display."""
 
-    def __init__(self, runner: Any, logger: Logger) -> None:
+    def __init__(self, runner: RunnerProtocol, logger: Logger) -> None:
         self.runner = runner
         self.logger = logger
         self.training = False
@@ -246,7 +235,7 @@ class ProgressView:
             "loss " + (fmt(loss) if loss is not None else "-"),
             "lr " + (fmt_lr(self.values) or "-"),
             f"{rate:.1f} it/s",
-            "ETA " + (fmt_time(eta) if eta is not None else "-"),
+            "ETA " + (format_duration(eta) if eta is not None else "-"),
         )
         return grid
 
@@ -265,63 +254,6 @@ def resolve_display(progress: str, console: Console) -> str:
     return "bar" if console.is_terminal and not console.is_dumb_terminal else "lines"
 
 
-def read_scalars(runner: Any, window: int, lrs: list[Any]) -> dict[str, float]:
-    """Smoothed ``train/*`` scalars, the learning rates ``lrs``, timer values and peak memory,
-    read to the host in one batched transfer (window means are taken on the device first)."""
-    # Imported here, as in window_mean: reading the settings (`hookrun plugins show`, config
-    # validation) then never imports torch.
-    import torch
-
-    from hookrun.scalars import to_floats
-
-    store = runner.scalars
-    names = store.names()
-    smoothed = [n for n in names if n.startswith("train/") and n not in TIMER_KEYS]
-    timer = [n for n in TIMER_KEYS if n in names]
-    pending = [window_mean(store.history(name)[-window:]) for name in smoothed]
-    pending += [store.history(name)[-1] for name in timer]
-    floats = to_floats(pending + lrs)
-    out = dict(zip(smoothed, floats, strict=False))
-    lr_values = floats[len(pending) :]
-    if lr_values and all(lr == lr_values[0] for lr in lr_values):
-        out["train/lr"] = lr_values[0]
-    else:
-        out.update({f"train/lr/group{i}": lr for i, lr in enumerate(lr_values)})
-    out.update(zip(timer, floats[len(smoothed) : len(pending)], strict=True))
-    if runner.device.type == "cuda":
-        out["train/memory"] = torch.cuda.max_memory_allocated(runner.device) / 2**20
-        torch.cuda.reset_peak_memory_stats(runner.device)
-    return out
-
-
-def window_mean(values: list[Any]) -> Any:
-    """Mean of numbers and/or tensors, in float64, left on the device: nothing is read here."""
-    import torch
-
-    try:  # the usual case, same-shaped tensors on one device: two small ops
-        return torch.stack(values).mean(dtype=torch.float64)
-    except (TypeError, RuntimeError):  # numbers (or objects with __float__), mixed tensors
-        total: Any = 0.0
-        for value in values:
-            if isinstance(value, torch.Tensor):
-                total = total + value.detach().to(torch.float64).mean()
-            else:
-                total = total + float(value)
-        return total / len(values)
-
-
-def plugin_table(runner: Any) -> list[dict[str, Any]]:
-    """Active plugins and ad-hoc hooks in call order, with priority and settings."""
-    rows = []
-    for name, obj in runner.manager.ordered:
-        row: dict[str, Any] = {"name": name, "priority": int(getattr(obj, "priority", 50))}
-        settings = getattr(obj, "settings", None)
-        if isinstance(obj, Plugin) and hasattr(settings, "model_dump"):
-            row["settings"] = settings.model_dump(mode="json")
-        rows.append(row)
-    return rows
-
-
 def write_line(console: Console, line: str) -> None:
     """A plain line straight to the console's file: ``lines`` mode has no live display to
     keep intact, and this costs a microsecond where ``Console.print`` costs ~100."""
@@ -330,28 +262,19 @@ def write_line(console: Console, line: str) -> None:
         console.file.flush()
 
 
-def train_line(
-    runner: Any, step: int, values: Mapping[str, float], rate: float, eta: float | None
-) -> str:
-    """One plain console line for an interval (``lines`` mode)."""
+def train_line(runner: RunnerProtocol, step: int, values: Mapping[str, float], rate: float) -> str:
+    """One plain console line for a report (``lines`` mode): every ``train/*`` scalar of
+    the report, the learning rate, the speed and the ETA."""
     parts = [epoch_text(runner), f"iter {step}/{runner.max_iters}"]
     for name, value in values.items():
-        key = name.removeprefix("train/")
-        if name in TIMER_KEYS or key == "lr" or key.startswith("lr/") or key == "memory":
-            continue
-        parts.append(f"{key} {fmt(value)}")
+        if name not in OWN_PLACE and not name.startswith("train/lr/"):
+            parts.append(f"{name.removeprefix('train/')} {fmt(value)}")
     lr = fmt_lr(values)
     if lr:
         parts.append(f"lr {lr}")
     parts.append(f"{rate:.1f} it/s")
-    if eta is not None:
-        parts.append(f"eta {fmt_time(eta)}")
-    if "train/time" in values:
-        parts.append(f"time {values['train/time']:.4f}s")
-    if "train/data_time" in values:
-        parts.append(f"data_time {values['train/data_time']:.4f}s")
-    if "train/memory" in values:
-        parts.append(f"memory {values['train/memory']:.0f}MiB")
+    if "train/eta" in values:
+        parts.append(f"eta {format_duration(values['train/eta'])}")
     return "  ".join(parts)
 
 
@@ -362,7 +285,7 @@ def eval_line(state: list[Any]) -> str:
     return f"{mode} [{done}/{total if total is not None else '?'}]  {rate:.1f} it/s"
 
 
-def metrics_table(runner: Any, mode: str, metrics: Mapping[str, float]) -> Table:
+def metrics_table(runner: RunnerProtocol, mode: str, metrics: Mapping[str, float]) -> Table:
     where = f"epoch {runner.epoch}, iter {runner.iter}" if mode == "val" else f"iter {runner.iter}"
     title = f"{mode} ({where})"
     table = Table(title=title, title_justify="left", min_width=len(title))
@@ -373,7 +296,7 @@ def metrics_table(runner: Any, mode: str, metrics: Mapping[str, float]) -> Table
     return table
 
 
-def epoch_text(runner: Any) -> str:
+def epoch_text(runner: RunnerProtocol) -> str:
     epoch = runner.epoch + 1
     if runner.by_epoch and runner.max_epochs:
         return f"epoch {min(epoch, runner.max_epochs)}/{runner.max_epochs}"
@@ -389,9 +312,3 @@ def fmt(value: float) -> str:
 def fmt_lr(values: Mapping[str, float]) -> str:
     lr = values.get("train/lr", values.get("train/lr/group0"))
     return "" if lr is None else f"{lr:.3e}"
-
-
-def fmt_time(seconds: float) -> str:
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"

@@ -11,7 +11,7 @@ import torch
 from rich.console import Console
 from torch.utils.data import DataLoader, TensorDataset
 
-from hookrun import hookimpl
+from hookrun import ConfigError, format_duration, hookimpl
 
 
 def console(terminal: bool) -> Console:
@@ -25,8 +25,8 @@ def output(runner) -> str:
 LINE = re.compile(r"^epoch (\d)/2  iter (\d+)/50  loss (\S+)  ce (\S+)  l2 (\S+)  lr (\S+)  ", re.M)
 
 
-def test_lines_mode_prints_one_line_per_interval_with_smoothed_values(make_runner, recorder):
-    runner = make_runner({"interval": 10, "window": 7}, hooks=[recorder])
+def test_lines_mode_prints_the_core_reports_every_interval(make_runner, recorder):
+    runner = make_runner({"interval": 10}, hooks=[recorder], log_interval=5)
     runner.console = console(terminal=False)  # progress: auto -> lines
     runner.train()
     text = output(runner)
@@ -34,34 +34,34 @@ def test_lines_mode_prints_one_line_per_interval_with_smoothed_values(make_runne
     assert [int(m[1]) for m in lines] == [10, 20, 30, 40, 50]
     assert [int(m[0]) for m in lines] == [1, 1, 2, 2, 2]
     for _epoch, step, loss, ce, l2, lr in lines:
-        step = int(step)
-        assert loss == f"{recorder.smoothed('loss', step, 7):.4f}"
-        assert ce == f"{recorder.smoothed('ce', step, 7):.4f}"
-        assert l2 == f"{recorder.smoothed('l2', step, 7):.4f}"
+        step = int(step)  # the core's report averages the 5 iterations since the last one
+        assert loss == f"{recorder.smoothed('loss', step, 5):.4f}"
+        assert ce == f"{recorder.smoothed('ce', step, 5):.4f}"
+        assert l2 == f"{recorder.smoothed('l2', step, 5):.4f}"
         assert lr == "5.000e-02"
     assert "\x1b[" not in text  # no cursor movement or colour in a log file
     assert "it/s ETA" not in text  # no bar frame
 
 
-def test_lines_show_the_timer_eta_when_present(make_runner):
-    class Eta:
-        priority = 30
+def test_lines_show_the_reported_eta(make_runner):
+    reported = {}
 
+    class Peek:
         @hookimpl
-        def after_train_iter(self, runner):
-            runner.scalars.put("train/eta", 100.0 * (runner.max_iters - runner.iter - 1))
+        def after_report(self, scalars, step):
+            reported[step] = scalars["train/eta"]
 
-    runner = make_runner({"interval": 10}, hooks=[Eta()])
+    runner = make_runner({"interval": 10}, hooks=[Peek()])
     runner.console = console(terminal=False)
     runner.train()
     etas = re.findall(r"iter (\d+)/50 .* eta (\d+:\d\d:\d\d)", output(runner))
-    assert etas == [
-        ("10", "1:06:40"),
-        ("20", "0:50:00"),
-        ("30", "0:33:20"),
-        ("40", "0:16:40"),
-        ("50", "0:00:00"),
-    ]
+    assert etas == [(str(s), format_duration(reported[s])) for s in (10, 20, 30, 40, 50)]
+
+
+def test_interval_must_be_a_multiple_of_the_log_interval(make_runner):
+    runner = make_runner({"interval": 15})
+    with pytest.raises(ConfigError, match=r"plugins.logger.interval: 15 is not a multiple"):
+        runner.train()
 
 
 def test_metrics_table_after_each_validation(make_runner):
@@ -90,7 +90,9 @@ def test_test_run_prints_its_table(make_runner):
 
 
 def test_log_val_iters_lines(make_runner):
-    runner = make_runner({"interval": 2, "log_val_iters": True, "progress": "lines"}, max_epochs=1)
+    runner = make_runner(
+        {"interval": 2, "log_val_iters": True, "progress": "lines"}, max_epochs=1, log_interval=2
+    )
     runner.console = console(terminal=False)
     runner.train()
     assert re.findall(r"^val \[(\d+)/4\]", output(runner), re.M) == ["2", "4"]
@@ -138,7 +140,10 @@ def test_bar_shows_validation_rows_when_asked(make_runner):
                 seen.append(runner.console.file.getvalue())
 
     runner = make_runner(
-        {"interval": 5, "log_val_iters": True, "progress": "bar"}, max_epochs=1, hooks=[Peek()]
+        {"interval": 5, "log_val_iters": True, "progress": "bar"},
+        max_epochs=1,
+        hooks=[Peek()],
+        log_interval=5,
     )
     runner.console = console(terminal=True)
     runner.train()

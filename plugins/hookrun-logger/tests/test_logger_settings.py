@@ -22,7 +22,7 @@ def test_invalid_settings_are_reported_by_field(make_runner):
 
 def test_defaults_and_metadata():
     settings = LoggerSettings()
-    assert (settings.interval, settings.window, settings.progress) == (50, 20, "auto")
+    assert (settings.interval, settings.progress) == (None, "auto")
     assert (settings.refresh_per_second, settings.log_val_iters) == (4.0, False)
     assert all(field.description for field in LoggerSettings.model_fields.values())
     assert (Logger.name, int(Logger.priority), Logger.enabled_by_default) == ("logger", 60, True)

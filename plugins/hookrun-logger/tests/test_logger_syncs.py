@@ -1,5 +1,6 @@
 """Host reads of tensors during training, counted by wrapping the torch.Tensor methods that
-move a value to the host: none between intervals, one batched read per interval."""
+move a value to the host: none between the core's reports, one batched read per report, and
+nothing more with the logger rendering them."""
 
 from __future__ import annotations
 
@@ -59,16 +60,17 @@ def count_reads(monkeypatch):
 def test_one_batched_read_per_interval_and_none_in_between(make_runner, count_reads, progress):
     clock, reads = count_reads
     runner = make_runner(
-        {"interval": 10, "window": 7, "progress": progress},
+        {"interval": 10, "progress": progress},
         hooks=[clock],
         val_dataloader=None,
         train_dataloader=sequential_loader(),
     )
-    runner.train()  # 50 iterations, 7 scalars read per interval
+    runner.train()  # 50 iterations: reports at 10, 20, 25 (epoch end), 30, 40, 50
     assert reads == Counter(
         {
             (9, "tolist"): 1,
             (19, "tolist"): 1,
+            (24, "tolist"): 1,
             (29, "tolist"): 1,
             (39, "tolist"): 1,
             (49, "tolist"): 1,
@@ -86,11 +88,12 @@ def test_the_count_sees_a_read_when_there_is_one(make_runner, count_reads):
             outputs["loss"].item()
 
     runner = make_runner(
-        {"interval": 25, "progress": "off"},
+        {"progress": "off"},
         hooks=[clock, Reader()],
         val_dataloader=None,
         max_epochs=1,
         train_dataloader=sequential_loader(),
+        log_interval=25,
     )
     runner.train()
     assert sum(n for (_, name), n in reads.items() if name == "item") == 25

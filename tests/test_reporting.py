@@ -1,0 +1,223 @@
+"""Training reports owned by the core (DESIGN §6): what a real run leaves in TensorBoard and
+the JSONL log with no plugin at all, checked against losses averaged independently from the
+raw per-iteration values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hookrun import Runner, hookimpl
+
+
+class TwoLossModel(nn.Module):
+    """A classifier whose training_step returns three loss terms, "loss" first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def training_step(self, batch: Any) -> dict[str, torch.Tensor]:
+        x, y = batch
+        ce = nn.functional.cross_entropy(self.net(x), y)
+        l2 = sum((p**2).sum() for p in self.net.parameters()) * 1e-3
+        return {"loss": ce + l2, "ce": ce, "l2": l2}
+
+    def validation_step(self, batch: Any) -> dict[str, torch.Tensor]:
+        x, y = batch
+        out = self.net(x)
+        return {
+            "loss": nn.functional.cross_entropy(out, y),
+            "accuracy": (out.argmax(1) == y).float(),
+        }
+
+
+class LossRecorder:
+    """Keeps every iteration's raw loss terms, to average them independently."""
+
+    def __init__(self) -> None:
+        self.raw: list[dict[str, torch.Tensor]] = []
+
+    @hookimpl
+    def after_train_iter(self, outputs: dict[str, torch.Tensor]) -> None:
+        self.raw.append(dict(outputs))
+
+    def mean(self, name: str, first: int, last: int) -> float:
+        """Mean of ``name`` over iterations ``first+1 .. last`` (1-based, inclusive)."""
+        values = [r[name].item() for r in self.raw[first:last]]
+        return sum(values) / len(values)
+
+
+def loader(n: int, batch_size: int, seed: int, shuffle: bool = True) -> DataLoader:
+    g = torch.Generator().manual_seed(seed)
+    data = TensorDataset(torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g))
+    return DataLoader(data, batch_size=batch_size, shuffle=shuffle)
+
+
+def make_runner(tmp_path: Path, **overrides: Any) -> Runner:
+    """2 epochs of 25 batches, no plugin, both built-in writers."""
+    torch.manual_seed(0)
+    model = TwoLossModel()
+    kwargs: dict[str, Any] = dict(
+        model=model,
+        train_dataloader=loader(200, 8, seed=0),
+        val_dataloader=loader(40, 10, seed=1, shuffle=False),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+        max_epochs=2,
+        work_dir=tmp_path / "run",
+        plugins={},
+        log_interval=10,
+        config={"runner": {"max_epochs": 2}, "note": "reporting test"},
+    )
+    kwargs.update(overrides)
+    return Runner(**kwargs)
+
+
+def read_tensorboard(log_dir: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def scalar_records(records: list[dict[str, Any]], tag: str) -> dict[int, float]:
+    return {r["step"]: r[tag] for r in records if tag in r}
+
+
+REPORTS = [10, 20, 25, 30, 40, 50]  # every 10 iterations and at both epoch ends
+
+
+def test_losses_averaged_since_the_last_report_without_any_plugin(tmp_path):
+    recorder = LossRecorder()
+    runner = make_runner(tmp_path, hooks=[recorder])
+    runner.train()
+    acc = read_tensorboard(runner.work_dir / "tensorboard")
+    records = read_jsonl(runner.work_dir / "log.jsonl")
+    assert {"train/loss", "train/ce", "train/l2", "train/lr", "train/eta"} <= set(
+        acc.Tags()["scalars"]
+    )
+    for term in ("loss", "ce", "l2"):
+        expected = {
+            step: recorder.mean(term, before, step)
+            for before, step in zip([0, *REPORTS], REPORTS, strict=False)
+        }
+        events = acc.Scalars(f"train/{term}")
+        assert [e.step for e in events] == REPORTS
+        assert {e.step: e.value for e in events} == pytest.approx(expected, rel=1e-6)
+        assert scalar_records(records, f"train/{term}") == pytest.approx(expected, rel=1e-12)
+    assert scalar_records(records, "train/lr") == {s: 0.05 for s in REPORTS}
+    etas = scalar_records(records, "train/eta")
+    assert sorted(etas) == REPORTS and all(v >= 0 for v in etas.values())
+    assert etas[50] < etas[10]  # at 50 only the last validation is left
+
+
+def test_a_run_shorter_than_the_interval_still_reports(tmp_path):
+    runner = make_runner(tmp_path, max_epochs=None, max_iters=27, log_interval=50)
+    runner.train()  # 27 iterations: epoch ends at 25, the run at 27
+    records = read_jsonl(runner.work_dir / "log.jsonl")
+    assert sorted(scalar_records(records, "train/loss")) == [25, 27]
+
+
+def test_validation_metrics_are_written_once_per_validation(tmp_path):
+    runner = make_runner(tmp_path)
+    runner.train()
+    acc = read_tensorboard(runner.work_dir / "tensorboard")
+    assert [e.step for e in acc.Scalars("val/loss")] == [25, 50]
+    records = read_jsonl(runner.work_dir / "log.jsonl")
+    assert [r["step"] for r in records if "val/accuracy" in r] == [25, 50]
+
+
+def test_config_and_plugin_table_reach_every_writer(tmp_path):
+    runner = make_runner(tmp_path, hooks=[LossRecorder()])
+    runner.train()
+    config = read_jsonl(runner.work_dir / "log.jsonl")[0]["config"]
+    assert config["note"] == "reporting test"
+    assert config["runner"] == {"max_epochs": 2}
+    assert [(row["name"], row["priority"]) for row in config["active_plugins"]] == [
+        ("LossRecorder", 50)
+    ]
+    acc = read_tensorboard(runner.work_dir / "tensorboard")
+    assert "config/text_summary" in acc.Tags()["tensors"]
+
+
+def test_learning_rates_per_group_when_they_differ(tmp_path):
+    runner = make_runner(tmp_path, max_epochs=1, log_interval=25)
+    net = runner.unwrapped_model.net
+    runner.optimizer = torch.optim.SGD(
+        [{"params": net[0].parameters(), "lr": 0.1}, {"params": net[2].parameters(), "lr": 0.01}]
+    )
+    runner.train()
+    records = read_jsonl(runner.work_dir / "log.jsonl")
+    assert scalar_records(records, "train/lr/group0") == {25: 0.1}
+    assert scalar_records(records, "train/lr/group1") == {25: 0.01}
+    assert not scalar_records(records, "train/lr")
+
+
+def test_learning_rate_is_the_one_the_reported_iteration_trained_with(tmp_path):
+    runner = make_runner(tmp_path, scheduler_interval="iter")
+    runner.scheduler = torch.optim.lr_scheduler.LambdaLR(runner.optimizer, lambda i: 1 / (i + 1))
+    runner.train()  # iteration i (0-based) trains with 0.05 / (i + 1)
+    records = read_jsonl(runner.work_dir / "log.jsonl")
+    assert scalar_records(records, "train/lr") == pytest.approx({s: 0.05 / s for s in REPORTS})
+
+
+class Gauges:
+    """Puts gauges as a timer plugin does: the report writes their latest value."""
+
+    @hookimpl
+    def after_train_iter(self, runner) -> None:
+        done = runner.iter + 1
+        runner.scalars.gauge("train/time", 0.001 * done)
+        runner.scalars.gauge("train/throughput", 100.0 + done)
+
+
+def test_gauges_are_reported_as_their_latest_values(tmp_path):
+    runner = make_runner(tmp_path, hooks=[Gauges()])
+    runner.train()
+    records = read_jsonl(runner.work_dir / "log.jsonl")
+    assert scalar_records(records, "train/time") == pytest.approx({s: 0.001 * s for s in REPORTS})
+    assert scalar_records(records, "train/throughput") == {s: 100.0 + s for s in REPORTS}
+
+
+class MixedScalar:
+    """A series put as a tensor on even iterations and a float on odd ones."""
+
+    @hookimpl
+    def after_train_iter(self, runner) -> None:
+        i = runner.iter
+        runner.scalars.put("train/custom", torch.tensor(float(i)) if i % 2 == 0 else float(i))
+
+
+def test_other_series_are_averaged_too_even_when_mixed(tmp_path):
+    runner = make_runner(tmp_path, hooks=[MixedScalar()])
+    runner.train()
+    records = read_jsonl(runner.work_dir / "log.jsonl")
+    # the report at step s averages iterations before+1 .. s, i.e. 0-based before .. s-1
+    expected = {s: (before + s - 1) / 2 for before, s in zip([0, *REPORTS], REPORTS, strict=False)}
+    assert scalar_records(records, "train/custom") == expected
+
+
+def test_after_report_gets_what_the_writers_got(tmp_path):
+    seen: list[tuple[int, dict[str, float]]] = []
+
+    class Peek:
+        @hookimpl
+        def after_report(self, scalars, step):
+            seen.append((step, dict(scalars)))
+
+    runner = make_runner(tmp_path, hooks=[Peek()])
+    runner.train()
+    records = read_jsonl(runner.work_dir / "log.jsonl")
+    assert [step for step, _ in seen] == REPORTS
+    for step, scalars in seen:
+        assert scalar_records(records, "train/loss")[step] == scalars["train/loss"]
