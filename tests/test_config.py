@@ -142,3 +142,88 @@ def test_schema_accepts_the_digits_config_and_rejects_a_bad_value():
     config["plugins"][next(iter(config["plugins"]))] = {"no_such_setting": 1}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(config, full)
+
+
+def test_wrong_writer_shapes_are_config_errors(tmp_path):
+    (tmp_path / "task.py").write_text("def build():\n    return {}\n")
+    for writers, line in [
+        ("{jsonl: 5}", "runner.writers.jsonl: expected a mapping of options, true or false "
+         "(got 5)"),
+        ("[1]", "runner.writers.0: expected a writer name (got 1)"),
+        ("jsonl", "runner.writers: expected a list of writer names or a mapping of name to "
+         "options (got 'jsonl')"),
+    ]:  # fmt: skip
+        config = tmp_path / "c.yaml"
+        config.write_text(f"task: task.py:build\nrunner: {{writers: {writers}}}\n")
+        with pytest.raises(ConfigError) as info:
+            load(config)
+        assert info.value.lines == [line]
+
+
+def test_writers_may_be_switched_on_and_off_by_name(tmp_path):
+    (tmp_path / "task.py").write_text("def build():\n    return {}\n")
+    config = tmp_path / "c.yaml"
+    config.write_text("task: task.py:build\nrunner: {writers: {jsonl: true, tensorboard: false}}\n")
+    assert load(config).runner["writers"] == {"jsonl": True, "tensorboard": False}
+
+
+def test_runner_section_has_the_new_arguments_with_defaults(tmp_path):
+    (tmp_path / "task.py").write_text("def build():\n    return {}\n")
+    config = tmp_path / "c.yaml"
+    config.write_text("task: task.py:build\nrunner: {clip_grad: {max_norm: 1.0}}\n")
+    runner = load(config).runner
+    assert runner["log_interval"] == 10 and runner["strategy"] == "auto"
+    assert runner["dist_timeout"] == 600 and runner["sync_bn"] is False
+    assert runner["clip_grad"] == {"max_norm": 1.0, "norm_type": 2.0}
+
+
+def test_runner_section_errors_match_the_runners_own(tmp_path):
+    from hookrun.arguments import check_arguments
+
+    bad = {
+        "clip_grad": {"max_norm": 0, "nrom_type": 2},
+        "seed": -1,
+        "strategy": "dp",
+        "dist_timeout": 0,
+        "log_interval": 0,
+        "max_epochs": 2,
+        "max_iters": 3,
+    }
+    expected = [
+        "runner.max_iters: give max_epochs or max_iters, not both (got 3)",
+        "runner.seed: Input should be greater than or equal to 0 (got -1)",
+        "runner.clip_grad.max_norm: Input should be greater than 0 (got 0)",
+        "runner.clip_grad.nrom_type: unknown key (did you mean 'norm_type'?) "
+        "(keys: max_norm, norm_type)",
+        "runner.log_interval: Input should be greater than or equal to 1 (got 0)",
+        "runner.strategy: Input should be 'auto', 'ddp' or 'fsdp' (got 'dp')",
+        "runner.dist_timeout: Input should be greater than 0 (got 0)",
+    ]
+    with pytest.raises(ConfigError) as info:
+        check_arguments(**bad)
+    assert info.value.lines == expected
+    (tmp_path / "task.py").write_text("def build():\n    return {}\n")
+    config = tmp_path / "c.yaml"
+    config.write_text("task: task.py:build\n")
+    with pytest.raises(ConfigError) as info:
+        load(config, [f"runner.{key}={value}" for key, value in bad.items()])
+    assert info.value.lines == expected
+
+
+def test_check_arguments_returns_the_validated_arguments(tmp_path):
+    import torch
+
+    from hookrun.arguments import check_arguments
+
+    args = check_arguments(work_dir=tmp_path, device=torch.device("cpu"), clip_grad=0.5, seed=2)
+    assert (args.work_dir, args.device, args.seed) == (str(tmp_path), "cpu", 2)
+    assert args.clip_grad_norm == {"max_norm": 0.5}
+    assert check_arguments().clip_grad_norm is None
+
+
+@pytest.mark.parametrize("device", ["cuda:99", "meta", "gpu"])
+def test_a_device_that_is_not_there_is_a_config_error(device):
+    from hookrun.arguments import resolve_device
+
+    with pytest.raises(ConfigError, match=r"^runner\.device: .*\(got '" + device):
+        resolve_device(device, 0)

@@ -1,46 +1,262 @@
-"""The Runner's plain arguments, checked together so every mistake is reported at once."""
+"""The Runner's plain arguments: one pydantic model for the Python API and the ``runner:``
+section of config files, so both accept the same values and word errors the same way.
+
+Every mistake is reported at once, one line each: ``runner.<field>: message (got value)``.
+Kept free of torch at import so that reading a config stays light.
+"""
 
 from __future__ import annotations
 
-import torch
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
+
+from hookrun.discovery import did_you_mean
 from hookrun.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+
+class ClipGradNorm(BaseModel):
+    """Keyword arguments of ``torch.nn.utils.clip_grad_norm_``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_norm: float = Field(gt=0, description="Largest total gradient norm.")
+    norm_type: float = Field(2.0, description="Order of the norm (`inf` for the max norm).")
+
+
+def _clip_grad_form(value: Any) -> str:
+    return "mapping" if isinstance(value, (Mapping, ClipGradNorm)) else "norm"
+
+
+ClipGrad = Annotated[
+    Annotated[float, Field(gt=0), Tag("norm")] | Annotated[ClipGradNorm, Tag("mapping")],
+    Discriminator(_clip_grad_form),
+]
+
+#: The writers spec is checked by ``hookrun.writers.writer_errors`` (it needs entry points and
+#: may hold ``Writer`` instances); the schema tells editors the config-file shapes.
+WritersSpec = Annotated[
+    Any,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "array", "items": {"type": "string"}},
+                {
+                    "type": "object",
+                    "additionalProperties": {
+                        "anyOf": [{"type": "object"}, {"type": "boolean"}, {"type": "null"}]
+                    },
+                },
+                {"type": "null"},
+            ]
+        }
+    ),
+]
+
+
+class RunnerArguments(BaseModel):
+    """The plain keyword arguments of ``hookrun.Runner`` (everything but its objects)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_epochs: int | None = Field(
+        None, ge=1, description="Epochs to train (10 when neither this nor max_iters is set)."
+    )
+    max_iters: int | None = Field(
+        None,
+        ge=1,
+        description="Iterations to train instead of epochs; validation then runs "
+        "every val_interval iterations.",
+    )
+    val_interval: int = Field(
+        1,
+        ge=1,
+        description="Validate every this many epochs (iterations with max_iters), and "
+        "always at the end.",
+    )
+    work_dir: str = Field(
+        "runs/exp",
+        description="Folder for logs, TensorBoard events, checkpoints and the "
+        "resolved config; a relative path is relative to the current directory.",
+    )
+    seed: int = Field(
+        0,
+        ge=0,
+        lt=2**64,
+        description="Seeds python, numpy and torch before the task builds the model, and "
+        "the data order.",
+    )
+    device: str = Field(
+        "auto",
+        description="`auto` (CUDA when available), `cpu`, `cuda`, `cuda:1`, ...; a device "
+        "that is not there is a config error.",
+    )
+    amp: Literal["bf16", "fp16"] | None = Field(
+        None, description="Mixed precision: null (off), `bf16`, or `fp16` (CUDA only)."
+    )
+    grad_accum: int = Field(
+        1, ge=1, description="Accumulate gradients over this many batches per optimizer step."
+    )
+    clip_grad: ClipGrad | None = Field(
+        None,
+        description="Clip the gradient norm: a max norm, or {max_norm: 1.0, norm_type: 2} "
+        "(the keys of clip_grad_norm_).",
+    )
+    scheduler_interval: Literal["epoch", "iter"] = Field(
+        "epoch", description="Step the scheduler after every epoch or every iteration."
+    )
+    writers: WritersSpec = Field(
+        ["jsonl", "tensorboard"],
+        description="Writer names (entry points of `hookrun.writers`), or a mapping of name "
+        "to writer options, true (defaults) or false (off); [] for none.",
+    )
+    log_interval: int = Field(
+        10,
+        ge=1,
+        description="Report train scalars to the writers every this many iterations (and at "
+        "epoch ends).",
+    )
+    strategy: Literal["auto", "ddp", "fsdp"] = Field(
+        "auto",
+        description="How a multi-process run shares the model: `auto` (DDP when the world "
+        "size is above 1), `ddp` or `fsdp`.",
+    )
+    dist_timeout: float = Field(
+        600.0,
+        gt=0,
+        description="Seconds a collective operation may wait for the other ranks before "
+        "the run fails.",
+    )
+    sync_bn: bool = Field(
+        False,
+        description="Convert BatchNorm layers to SyncBatchNorm in multi-process runs, so "
+        "batch statistics cover the global batch.",
+    )
+    ddp: dict[str, Any] | None = Field(
+        None, description="Keyword arguments for DistributedDataParallel under torchrun."
+    )
+
+    @field_validator("work_dir", "device", mode="before")
+    @classmethod
+    def _as_text(cls, value: Any) -> Any:
+        """The Python API may pass a ``Path`` or a ``torch.device``."""
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        return str(value) if type(value).__module__ == "torch" else value
+
+    @field_validator("max_iters")
+    @classmethod
+    def _epochs_or_iters(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("max_epochs") is not None:
+            raise ValueError("give max_epochs or max_iters, not both")
+        return value
+
+    @property
+    def clip_grad_norm(self) -> dict[str, float] | None:
+        """``clip_grad`` as keyword arguments of ``clip_grad_norm_`` (None: no clipping)."""
+        if isinstance(self.clip_grad, ClipGradNorm):
+            return self.clip_grad.model_dump()
+        return None if self.clip_grad is None else {"max_norm": self.clip_grad}
+
+
+_POSITIONAL = ("max_epochs", "max_iters", "val_interval", "amp", "grad_accum", "scheduler_interval")
+
+
+def check_arguments(*positional: Any, **arguments: Any) -> RunnerArguments:
+    """Validate the Runner's plain arguments (writers included); ConfigError with every
+    problem. The first six may still come by position, in the order of ``_POSITIONAL``."""
+    arguments.update(zip(_POSITIONAL, positional, strict=False))
+    errors = argument_errors(arguments)
+    if errors:
+        raise ConfigError(errors)
+    return RunnerArguments.model_validate(arguments)
+
+
+def argument_errors(arguments: Mapping[str, Any]) -> list[str]:
+    """Every problem of the Runner's plain arguments as ``runner.<field>: ...`` lines."""
+    from hookrun.writers import writer_errors
+
+    try:
+        RunnerArguments.model_validate(arguments)
+    except ValidationError as exc:
+        errors = error_lines(exc.errors())
+    else:
+        errors = []
+    if "writers" in arguments:
+        errors += writer_errors(arguments["writers"])
+    return errors
+
+
+def error_lines(errors: Sequence[Any], prefix: str = "runner") -> list[str]:
+    """pydantic errors of ``RunnerArguments`` as lines: the union branches (``norm``,
+    ``mapping``) left out of the path, did-you-mean for unknown keys."""
+    lines = []
+    for err in errors:
+        loc = [str(p) for p in err["loc"] if p not in ("norm", "mapping")]
+        path = ".".join([prefix, *loc])
+        inside_clip_grad = loc[:1] == ["clip_grad"] and len(loc) > 1
+        if err["type"] == "extra_forbidden" and inside_clip_grad:
+            keys = list(ClipGradNorm.model_fields)
+            hint = did_you_mean(loc[-1], keys)
+            lines.append(f"{path}: unknown key{hint} (keys: {', '.join(keys)})")
+        elif err["type"] == "extra_forbidden":
+            lines.append(
+                f"{path}: unknown setting{did_you_mean(loc[-1], RunnerArguments.model_fields)}"
+            )
+        elif err["type"] == "missing":
+            lines.append(f"{path}: required setting is missing")
+        else:
+            message = str(err["msg"]).removeprefix("Value error, ")
+            lines.append(f"{path}: {message} (got {err['input']!r})")
+    return lines
 
 
 def resolve_device(device: str | torch.device, local_rank: int) -> torch.device:
+    """The run's device; a device that is not there (no CUDA, an index beyond the GPUs,
+    ``meta``) is a config error found before any work starts."""
+    import torch
+
     if str(device) == "auto":
         return (
             torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
         )
     try:
-        return torch.device(device)
-    except RuntimeError as exc:
-        raise ConfigError(f"runner.device: {exc}") from None
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"runner.device: {exc} (got {str(device)!r})") from None
+    problem = _missing(resolved)
+    if problem:
+        raise ConfigError(f"runner.device: {problem} (got {str(device)!r}); use auto or cpu")
+    return resolved
 
 
-def check_arguments(
-    max_epochs: int | None,
-    max_iters: int | None,
-    val_interval: int,
-    amp: str | None,
-    grad_accum: int,
-    scheduler_interval: str,
-) -> None:
-    errors = []
-    if max_epochs is not None and max_iters is not None:
-        errors.append("runner: give max_epochs or max_iters, not both")
-    for name, value in (("max_epochs", max_epochs), ("max_iters", max_iters)):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            errors.append(f"runner.{name}: must be an int >= 1 (got {value!r})")
-    if not isinstance(val_interval, int) or val_interval < 1:
-        errors.append(f"runner.val_interval: must be an int >= 1 (got {val_interval!r})")
-    if amp not in (None, "bf16", "fp16"):
-        errors.append(f"runner.amp: must be null, 'bf16' or 'fp16' (got {amp!r})")
-    if not isinstance(grad_accum, int) or grad_accum < 1:
-        errors.append(f"runner.grad_accum: must be an int >= 1 (got {grad_accum!r})")
-    if scheduler_interval not in ("epoch", "iter"):
-        errors.append(
-            f"runner.scheduler_interval: must be 'epoch' or 'iter' (got {scheduler_interval!r})"
-        )
-    if errors:
-        raise ConfigError(errors)
+def _missing(device: torch.device) -> str | None:
+    """Why ``device`` cannot hold this run, or None."""
+    import torch
+
+    if device.type == "meta":
+        return "'meta' tensors hold no data, nothing can train on them"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return "CUDA is not available here"
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            return f"there {'is' if count == 1 else 'are'} only {count} CUDA device(s)"
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        return "MPS is not available here"
+    return None

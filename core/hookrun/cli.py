@@ -88,38 +88,22 @@ def train(
     ever overwritten.
     """
     from hookrun import config as cfg
+    from hookrun import dist, launch
 
     loaded = cfg.load(config, overrides, work_dir)
-    out = loaded.work_dir
     if resume is None:
-        _check_fresh_work_dir(out)
+        launch.check_fresh_work_dir(loaded.work_dir)
     elif resume != "auto" and not Path(resume).is_file():
         raise HookrunError(f"--resume: checkpoint not found: {resume}")
-    runner = _build_runner(loaded)
-    from hookrun import dist
-
+    runner = launch.build_runner(loaded)
     dist.barrier()  # every rank checked the work dir before rank 0 writes into it
     if runner.is_main:
-        from hookrun.checkpoint import atomic_write_text
-
-        out.mkdir(parents=True, exist_ok=True)
-        text = "# resolved by `hookrun train`\n" + _yaml(loaded.resolved())
-        atomic_write_text(text, out / "config.yaml")
+        launch.save_resolved_config(loaded)
     if verbose:
         _print_hook_table(runner)
     runner.train(resume=resume)
     test = runner.test() if runner.test_dataloader is not None else None
     _print_summary(runner, runner.last_metrics.get("val"), test)
-
-
-def _check_fresh_work_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise HookrunError(f"work dir {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()):
-        raise HookrunError(
-            f"work dir {out} already holds a run; continue it with `--resume auto`, "
-            "or start a new one with another `--work-dir` (or delete the folder)"
-        )
 
 
 @cli.command(name="val")
@@ -150,37 +134,18 @@ def _evaluate(
     config: Path, checkpoint: str, overrides: Sequence[str], work_dir: Path | None, mode: str
 ) -> None:
     from hookrun import config as cfg
+    from hookrun.launch import build_runner
 
     loaded = cfg.load(config, overrides, work_dir)
     if not Path(checkpoint).is_file():
         raise HookrunError(f"--checkpoint: file not found: {checkpoint}")
-    runner = _build_runner(loaded)
+    runner = build_runner(loaded)
     if getattr(runner, f"{mode}_dataloader") is None:
         raise HookrunError(f"task: {loaded.data['task']} returned no {mode}_dataloader")
     # resume=True restores plugin state too (an EMA evaluates with its averaged weights)
     runner.load_checkpoint(checkpoint, resume=True)
     metrics = runner.val() if mode == "val" else runner.test()
     _print_summary(runner, metrics if mode == "val" else None, metrics if mode == "test" else None)
-
-
-def _build_runner(loaded: Any) -> Any:
-    """Seed, build the task's objects, construct the Runner (which joins torchrun's group)."""
-    from hookrun import config as cfg
-    from hookrun.data import seed_all
-    from hookrun.runner import Runner
-
-    task = loaded.data["task"]
-    build = cfg.load_task(task, loaded.path)
-    seed_all(loaded.runner["seed"])  # before the task builds (and initialises) the model
-    objects = cfg.check_task_result(build(**loaded.data["task_args"]), task)
-    hooks = objects.pop("hooks", None) or ()
-    return Runner(
-        **objects,
-        **loaded.runner,
-        plugins=loaded.data["plugins"],
-        hooks=hooks,
-        config=loaded.resolved(),
-    )
 
 
 def _print_hook_table(runner: Any) -> None:
@@ -224,12 +189,6 @@ def _json(data: Any) -> str:
     return json.dumps(data, indent=2)
 
 
-def _yaml(data: Any) -> str:
-    import yaml
-
-    return yaml.safe_dump(data, sort_keys=False)
-
-
 # -- plugins -------------------------------------------------------------------------------
 
 
@@ -253,8 +212,10 @@ def plugins_list(as_json: bool, load: bool) -> None:
     blocked = blocked_plugins()
     rows: list[dict[str, Any]] = [info.as_row() for info in found.values()]
     if load:
+        from hookrun.inspection import describe_plugin
+
         for row in rows:
-            row.update(_inspect_plugin(row["name"], found, blocked))
+            row.update(describe_plugin(row["name"], found, blocked))
     if as_json:
         echo(_json(rows))
         return
@@ -281,61 +242,11 @@ def plugins_list(as_json: bool, load: bool) -> None:
         _print_call_order(rows)
 
 
-def _inspect_plugin(name: str, found: dict[str, Any], blocked: set[str]) -> dict[str, Any]:
-    """Import one plugin and describe it; errors are reported, never raised."""
-    info: dict[str, Any] = {
-        "priority": None,
-        "enabled_by_default": None,
-        "hooks": [],
-        "status": "ok",
-        "error": None,
-    }
-    if name in blocked:
-        info["status"] = "blocked by HOOKRUN_DISABLE_PLUGINS"
-        return info
-    from hookrun.manager import check_hookimpls, hook_points
-
-    try:
-        cls = found[name].entry_point.load()
-        instance = cls(cls.Settings())
-    except Exception as exc:  # a broken third-party package: report it, keep listing
-        info["status"] = "error"
-        info["error"] = f"failed to import: {type(exc).__name__}: {exc}"
-        return info
-    import pluggy
-
-    from hookrun import hookspecs
-
-    pm = pluggy.PluginManager("hookrun")
-    pm.add_hookspecs(hookspecs)
-    problems = check_hookimpls(pm, name, instance)
-    implemented = set()
-    for attr in dir(instance):
-        opts: dict[str, Any] | None = (
-            None if attr.startswith("__") else pm.parse_hookimpl_opts(instance, attr)  # type: ignore[assignment]
-        )
-        if opts is not None:
-            implemented.add(opts.get("specname") or attr)
-    info["priority"] = int(cls.priority)
-    info["enabled_by_default"] = bool(cls.enabled_by_default)
-    info["hooks"] = [hook for hook in hook_points() if hook in implemented]
-    if problems:
-        info["status"] = "error"
-        info["error"] = "; ".join(problems)
-    return info
-
-
 def _print_call_order(rows: list[dict[str, Any]]) -> None:
-    """Each hook point with the plugins serving it, lowest priority number first (ties by
-    name), as a run with all of them enabled calls them."""
-    from hookrun.manager import hook_points
+    """Each hook point with the plugins serving it in call order, then any load errors."""
+    from hookrun.inspection import call_order
 
-    usable = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["priority"])
-    table = []
-    for hook in hook_points():
-        names = [f"{r['name']} ({r['priority']})" for r in usable if hook in r["hooks"]]
-        if names:
-            table.append([hook, ", ".join(names)])
+    table = [[hook, ", ".join(names)] for hook, names in call_order(rows)]
     echo()
     echo(_table(table, ["hook point", "plugins in call order (priority)"]))
     for r in rows:
@@ -358,10 +269,12 @@ def plugins_show(name: str, as_json: bool) -> None:
             f"plugins show: plugin {name!r} is blocked by HOOKRUN_DISABLE_PLUGINS (never "
             "imported); unset it to inspect the plugin"
         )
-    info = _inspect_plugin(name, found, set())
+    from hookrun.inspection import describe_plugin
+    from hookrun.schema import settings_rows
+
+    info = describe_plugin(name, found, set())
     if info["error"]:
         raise HookrunError(f"plugins show {name}: {info['error']}")
-    from hookrun.config import settings_rows
 
     cls = found[name].entry_point.load()
     doc = " ".join((cls.__doc__ or "").split())
@@ -419,19 +332,9 @@ def plugins_new(name: str, directory: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Name, arguments and docs as JSON.")
 def hooks(as_json: bool) -> None:
     """Every hook point with its arguments and documentation."""
-    import inspect
+    from hookrun.inspection import hook_entries
 
-    from hookrun import hookspecs
-    from hookrun.manager import hook_arguments, hook_points
-
-    entries: list[dict[str, Any]] = [
-        {
-            "name": name,
-            "arguments": hook_arguments(name),
-            "doc": inspect.cleandoc(getattr(hookspecs, name).__doc__ or ""),
-        }
-        for name in hook_points()
-    ]
+    entries = hook_entries()
     if as_json:
         echo(_json(entries))
         return
@@ -463,9 +366,9 @@ def config_validate(config: Path, overrides: Sequence[str]) -> None:
 @config_group.command(name="schema")
 def config_schema() -> None:
     """Print the JSON Schema of config files, installed plugins' settings included."""
-    from hookrun import config as cfg
+    from hookrun.schema import schema
 
-    echo(_json(cfg.schema()))
+    echo(_json(schema()))
 
 
 # -- entry point ---------------------------------------------------------------------------

@@ -171,17 +171,31 @@ BUILTIN_WRITERS: dict[str, type[Writer]] = {"jsonl": JsonlWriter, "tensorboard":
 
 
 def resolve_writers(spec: Any) -> list[tuple[Any, dict[str, Any]]]:
-    """Writer classes (or ready instances) with their options; unknown names are errors.
+    """Writer classes (or ready instances) with their options; ConfigError with every
+    problem of the spec (see ``writer_errors``)."""
+    resolved, errors = _resolve(spec)
+    if errors:
+        raise ConfigError(errors)
+    return resolved
 
-    ``spec``: names, a ``{name: options}`` mapping, or ``Writer`` instances.
+
+def writer_errors(spec: Any) -> list[str]:
+    """Every problem of a writers spec, one ``runner.writers...`` line each: its shape,
+    unknown names, options a writer's constructor does not take. The Runner and ``config
+    validate`` both check through here.
+
+    ``spec``: None, a list of names (or ``Writer`` instances), or a mapping of name to an
+    options mapping, null or true (defaults) or false (off).
     """
-    if spec is None:
-        return []
-    items = list(spec.items()) if isinstance(spec, Mapping) else [(s, {}) for s in spec]
+    return _resolve(spec)[1]
+
+
+def _resolve(spec: Any) -> tuple[list[tuple[Any, dict[str, Any]]], list[str]]:
+    where = "runner.writers"
+    entries, errors = _entries(spec, where)
     resolved: list[tuple[Any, dict[str, Any]]] = []
     available = None
-    errors = []
-    for name, options in items:
+    for name, options in entries:
         if isinstance(name, Writer):
             resolved.append((name, {}))
             continue
@@ -190,15 +204,46 @@ def resolve_writers(spec: Any) -> list[tuple[Any, dict[str, Any]]]:
             available = available or installed(WRITER_GROUP)
             if name not in available:
                 known = set(BUILTIN_WRITERS) | set(available)
-                errors.append(f"writers.{name}: unknown writer{did_you_mean(name, known)}")
+                errors.append(f"{where}.{name}: unknown writer{did_you_mean(name, known)}")
                 continue
             cls = available[name].entry_point.load()
-        options = dict(options or {})
-        errors += option_errors(f"writers.{name}", cls, options)
+        errors += option_errors(f"{where}.{name}", cls, options)
         resolved.append((cls, options))
-    if errors:
-        raise ConfigError(errors)
-    return resolved
+    return resolved, errors
+
+
+def _entries(spec: Any, where: str) -> tuple[list[tuple[Any, dict[str, Any]]], list[str]]:
+    """``(name or instance, options)`` pairs of the enabled writers, and shape errors."""
+    entries: list[tuple[Any, dict[str, Any]]] = []
+    errors: list[str] = []
+    if spec is None:
+        return entries, errors
+    if isinstance(spec, Mapping):
+        for name, options in spec.items():
+            if not isinstance(name, str):
+                errors.append(f"{where}: writer names are strings (got {name!r})")
+            elif options is False:
+                continue
+            elif options is None or options is True:
+                entries.append((name, {}))
+            elif isinstance(options, Mapping):
+                entries.append((name, dict(options)))
+            else:
+                errors.append(
+                    f"{where}.{name}: expected a mapping of options, true or false "
+                    f"(got {options!r})"
+                )
+        return entries, errors
+    if isinstance(spec, (list, tuple)):
+        for index, name in enumerate(spec):
+            if isinstance(name, (str, Writer)):
+                entries.append((name, {}))
+            else:
+                errors.append(f"{where}.{index}: expected a writer name (got {name!r})")
+        return entries, errors
+    return [], [
+        f"{where}: expected a list of writer names or a mapping of name to options (got {spec!r})"
+    ]
 
 
 def option_errors(where: str, cls: type, options: Mapping[str, Any]) -> list[str]:

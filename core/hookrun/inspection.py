@@ -1,0 +1,88 @@
+"""What installed plugins and hook points look like once imported: the data behind
+``hookrun plugins list --load``, ``plugins show`` and ``hookrun hooks`` (the CLI only prints).
+
+Import errors of third-party plugins are reported in the result, never raised.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pluggy
+
+from hookrun import hookspecs
+from hookrun.discovery import EntryPointInfo
+from hookrun.manager import check_hookimpls, hook_arguments, hook_points
+
+
+def describe_plugin(
+    name: str, found: dict[str, EntryPointInfo], blocked: set[str]
+) -> dict[str, Any]:
+    """Import plugin ``name`` and describe it: priority, default state, the hook points it
+    implements, and a status (``ok``, ``error`` with the reason, or blocked)."""
+    info: dict[str, Any] = {
+        "priority": None,
+        "enabled_by_default": None,
+        "hooks": [],
+        "status": "ok",
+        "error": None,
+    }
+    if name in blocked:
+        info["status"] = "blocked by HOOKRUN_DISABLE_PLUGINS"
+        return info
+    try:
+        cls = found[name].entry_point.load()
+        instance = cls(cls.Settings())
+    except Exception as exc:  # a broken third-party package: report it, keep listing
+        info["status"] = "error"
+        info["error"] = f"failed to import: {type(exc).__name__}: {exc}"
+        return info
+    problems, implemented = _hookimpls(name, instance)
+    info["priority"] = int(cls.priority)
+    info["enabled_by_default"] = bool(cls.enabled_by_default)
+    info["hooks"] = [hook for hook in hook_points() if hook in implemented]
+    if problems:
+        info["status"] = "error"
+        info["error"] = "; ".join(problems)
+    return info
+
+
+def _hookimpls(name: str, instance: object) -> tuple[list[str], set[str]]:
+    """Problems of the plugin's hook implementations, and the hook points they serve."""
+    pm = pluggy.PluginManager("hookrun")
+    pm.add_hookspecs(hookspecs)
+    problems = check_hookimpls(pm, name, instance)
+    implemented = set()
+    for attr in dir(instance):
+        opts: dict[str, Any] | None = (
+            None if attr.startswith("__") else pm.parse_hookimpl_opts(instance, attr)  # type: ignore[assignment]
+        )
+        if opts is not None:
+            implemented.add(opts.get("specname") or attr)
+    return problems, implemented
+
+
+def call_order(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """Each hook point with the usable plugins of ``rows`` (``describe_plugin`` results with
+    ``name``) serving it, lowest priority number first, ties by name: the order in which a
+    run with all of them enabled calls them."""
+    usable = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["priority"])
+    table = []
+    for hook in hook_points():
+        names = [f"{r['name']} ({r['priority']})" for r in usable if hook in r["hooks"]]
+        if names:
+            table.append((hook, names))
+    return table
+
+
+def hook_entries() -> list[dict[str, Any]]:
+    """Every hook point with its argument names and cleaned-up docstring."""
+    return [
+        {
+            "name": name,
+            "arguments": hook_arguments(name),
+            "doc": inspect.cleandoc(getattr(hookspecs, name).__doc__ or ""),
+        }
+        for name in hook_points()
+    ]

@@ -1,0 +1,68 @@
+"""From a loaded config to a ready Runner: the work-dir check, the task's objects, the saved
+resolved config. What ``hookrun train|val|test`` do before the Runner takes over."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hookrun.arguments import RunnerArguments
+from hookrun.config import LoadedConfig
+from hookrun.errors import HookrunError
+
+
+def check_fresh_work_dir(out: Path) -> None:
+    """Refuse a work dir that already holds files, so no run is ever overwritten."""
+    if out.exists() and not out.is_dir():
+        raise HookrunError(f"work dir {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        raise HookrunError(
+            f"work dir {out} already holds a run; continue it with `--resume auto`, "
+            "or start a new one with another `--work-dir` (or delete the folder)"
+        )
+
+
+def build_runner(loaded: LoadedConfig) -> Any:
+    """Seed, build the task's objects, construct the Runner (which joins torchrun's group)."""
+    from hookrun.data import seed_all
+    from hookrun.runner import Runner
+    from hookrun.task import check_task_result, load_task
+
+    task = loaded.data["task"]
+    build = load_task(task, loaded.path)
+    seed_all(loaded.runner["seed"])  # before the task builds (and initialises) the model
+    objects = check_task_result(build(**loaded.data["task_args"]), task)
+    hooks = objects.pop("hooks", None) or ()
+    return Runner(
+        **objects,
+        **_runner_arguments(loaded.runner, inspect.signature(Runner).parameters),
+        plugins=loaded.data["plugins"],
+        hooks=hooks,
+        config=loaded.resolved(),
+    )
+
+
+def _runner_arguments(runner: dict[str, Any], accepted: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``runner:`` section minus the defaults of arguments this Runner does not take yet
+    (strategy, dist_timeout, sync_bn before the Runner wires them); a value set in the
+    config is always passed, so the Runner refuses it rather than ignoring it."""
+    fields = RunnerArguments.model_fields
+    return {
+        key: value
+        for key, value in runner.items()
+        if key in accepted or value != fields[key].default
+    }
+
+
+def save_resolved_config(loaded: LoadedConfig) -> None:
+    """``<work_dir>/config.yaml``: the config as run, paths absolute (rank 0 only)."""
+    from hookrun.checkpoint import atomic_write_text
+
+    out = loaded.work_dir
+    out.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(loaded.resolved(), sort_keys=False)
+    atomic_write_text("# resolved by `hookrun train`\n" + text, out / "config.yaml")
