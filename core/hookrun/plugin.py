@@ -51,7 +51,8 @@ class Plugin:
 
 
 def parse_priority(value: Any, where: str) -> int:
-    """Turn a ``priority:`` value (a Priority name or an int 0-100) into an int."""
+    """Turn a priority (a ``Priority``, its name in any case, or an int 0-100) into an int;
+    anything else is an error here rather than a silent default at run time."""
     if isinstance(value, str):
         try:
             return int(Priority[value.upper()])
