@@ -5,6 +5,7 @@ raw per-iteration values."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,47 @@ def test_after_report_gets_what_the_writers_got(tmp_path):
     assert [step for step, _ in seen] == REPORTS
     for step, scalars in seen:
         assert scalar_records(records, "train/loss")[step] == scalars["train/loss"]
+
+
+class Sleeps:
+    """Iterations of about 10 ms and validation batches of about 15 ms; records every report's
+    ETA with the clock."""
+
+    def __init__(self) -> None:
+        self.etas: list[tuple[float, float]] = []
+        self.end = 0.0
+
+    @hookimpl
+    def after_train_iter(self) -> None:
+        time.sleep(0.010)
+
+    @hookimpl
+    def after_val_iter(self) -> None:
+        time.sleep(0.015)
+
+    @hookimpl
+    def after_report(self, scalars) -> None:
+        self.etas.append((scalars["train/eta"], time.perf_counter()))
+
+    @hookimpl
+    def after_train(self) -> None:
+        self.end = time.perf_counter()
+
+
+@pytest.mark.parametrize("by_epoch", [True, False], ids=["epochs", "iterations"])
+def test_eta_predicts_the_remaining_time_validation_included(tmp_path, by_epoch):
+    sleeps = Sleeps()
+    schedule = (
+        dict(max_epochs=3, train_dataloader=loader(80, 8, seed=0))
+        if by_epoch
+        else dict(max_epochs=None, max_iters=30, val_interval=10, train_dataloader=loader(96, 8, 0))
+    )
+    runner = make_runner(
+        tmp_path, hooks=[sleeps], log_interval=1, val_dataloader=loader(60, 10, 1), **schedule
+    )
+    runner.train()
+    # mid-run, after the first validation pass: 15 iterations and 2 passes still to come
+    eta, clock = sleeps.etas[14]
+    true_remaining = sleeps.end - clock
+    assert eta == pytest.approx(true_remaining, rel=0.25)
+    assert sleeps.etas[-1][0] < 0.25 * true_remaining  # only the last pass left

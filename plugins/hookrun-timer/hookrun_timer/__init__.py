@@ -1,10 +1,11 @@
-"""hookrun-timer: data time, iteration time, throughput, ETA, totals and time spent in hooks.
+"""hookrun-timer: data time, iteration time, throughput, totals and time spent in hooks.
 
 Clocks are host ``perf_counter`` readings taken in the timer's own hooks, so an iteration
 costs a few float operations and never synchronises with the device. On CUDA the iteration
 time and throughput come from CUDA events recorded every iteration and read lazily: the value
 put into ``runner.scalars`` is an object whose ``float()`` waits for the newest event, so the
-one synchronisation happens when a logger reads its interval, never in between.
+one synchronisation happens when the core reads its report, never in between. The values are
+the store's *gauges*: a report writes their current value. (The ETA is the core's.)
 
 One iteration's *period* runs from the timer's ``after_train_iter`` of the previous iteration
 to its own; validation passes inside training are cut out of it. *Data time* is the part of
@@ -13,7 +14,6 @@ the period spent before ``before_train_iter`` minus the time the hooks took in b
 
 from __future__ import annotations
 
-import datetime
 import time
 from collections import deque
 from collections.abc import Callable
@@ -23,8 +23,17 @@ import torch
 from pydantic import Field
 from rich.table import Table
 
-from hookrun import ConfigError, Plugin, PluginSettings, Priority, hookimpl
-from hookrun.steps import batch_size
+from hookrun import (
+    ConfigError,
+    Plugin,
+    PluginSettings,
+    Priority,
+    RunnerProtocol,
+    batch_size,
+    dist,
+    format_duration,
+    hookimpl,
+)
 
 __all__ = ["Timer", "TimerSettings"]
 
@@ -47,7 +56,7 @@ class TimerSettings(PluginSettings):
         5,
         ge=0,
         description="The first `warmup` iterations of each process (start-up, caches, "
-        "compilation) are left out of every average, the ETA and the overall speed.",
+        "compilation) are left out of every average and the overall speed.",
     )
     window: int = Field(
         20,
@@ -63,8 +72,8 @@ class TimerSettings(PluginSettings):
     )
     cuda_events: Literal["auto"] | bool = Field(
         "auto",
-        description="Measure iteration time and throughput with CUDA events (read only when a "
-        "logger reads the scalars) instead of host clocks: `auto` uses them on a CUDA device; "
+        description="Measure iteration time and throughput with CUDA events (read only when "
+        "the core reads its report) instead of host clocks: `auto` uses them on a CUDA device; "
         "`true` requires one.",
     )
 
@@ -77,6 +86,8 @@ class Timer(Plugin):
     priority = Priority.HIGH  # its clocks run before, and so around, lower-priority plugins
     enabled_by_default = True
 
+    settings: TimerSettings
+
     def __init__(self, settings: TimerSettings | None = None) -> None:
         super().__init__(settings)
         self.totals: dict[str, float] = dict.fromkeys(TOTAL_KEYS, 0.0)  # earlier segments
@@ -86,7 +97,7 @@ class Timer(Plugin):
         self.profile_was = False  # the core's profiling switch before this run turned it on
 
     @hookimpl
-    def before_run(self, runner: Any) -> None:
+    def before_run(self, runner: RunnerProtocol) -> None:
         if runner.mode != "train":
             return
         use_events = self.settings.cuda_events
@@ -96,7 +107,7 @@ class Timer(Plugin):
                 f"{runner.device})"
             )
         use_events = runner.device.type == "cuda" and use_events is not False
-        stats = runner.manager.stats
+        stats = runner.hook_stats
         self.profile_was = stats.profile
         if self.settings.profile_hooks:
             stats.profile = True
@@ -105,13 +116,12 @@ class Timer(Plugin):
             "train/time": Deferred(lambda: float(segment.speed()[0])),
             "train/data_time": Deferred(segment.data_time),
             "train/throughput": Deferred(lambda: float(segment.speed()[1])),
-            "train/eta": Deferred(lambda: self.eta(runner, segment)),
         }
 
     @hookimpl
-    def before_train(self, runner: Any) -> None:
+    def before_train(self) -> None:
         if self.segment is not None:
-            self.segment.start_training(runner)
+            self.segment.start_training()
 
     @hookimpl
     def before_train_iter(self, batch: Any) -> None:
@@ -120,16 +130,18 @@ class Timer(Plugin):
             segment.data_arrived(batch)
 
     @hookimpl
-    def after_train_iter(self, runner: Any) -> None:
+    def after_train_iter(self, runner: RunnerProtocol) -> None:
         segment = self.segment
         if segment is None:
             return
         segment.iteration_done()
         timed = segment.timed_iters
-        if timed == 1:  # live values, put once: each computes the current window when read
-            runner.scalars.update(self.deferred)
+        if timed == 1:  # live gauges, set once: each computes the current window when read
+            for name, value in self.deferred.items():
+                runner.scalars.gauge(name, value)
         if segment.world_size > 1 and timed and timed % self.settings.window == 0:
-            runner.scalars.put("train/data_time_max", slowest(segment.data_time(), runner.device))
+            slowest_rank = slowest(segment.data_time(), runner.device)
+            runner.scalars.gauge("train/data_time_max", slowest_rank)
 
     @hookimpl
     def before_val(self) -> None:
@@ -147,23 +159,23 @@ class Timer(Plugin):
             self.segment.training = False
 
     @hookimpl
-    def after_run(self, runner: Any) -> None:
+    def after_run(self, runner: RunnerProtocol) -> None:
         if self.segment is not None:
             self.close_segment(runner)
             if runner.is_main:
                 self.report(runner)
 
     @hookimpl
-    def on_exception(self, runner: Any) -> None:
+    def on_exception(self, runner: RunnerProtocol) -> None:
         """Keep the totals so far (an emergency checkpoint saves them) and stop profiling."""
         if self.segment is not None:
             self.close_segment(runner)
 
-    def close_segment(self, runner: Any) -> None:
+    def close_segment(self, runner: RunnerProtocol) -> None:
         self.totals = self.current_totals()
         self.profile_rows = self.current_profile()
         self.segment = None
-        runner.manager.stats.profile = self.profile_was
+        runner.hook_stats.profile = self.profile_was
 
     def state_dict(self) -> dict[str, Any]:
         """Totals up to now (this process's running segment included), for resumed runs."""
@@ -175,17 +187,6 @@ class Timer(Plugin):
         self.profile_rows = {(p, h): [c, s] for p, h, c, s in state.get("hook_profile", [])}
 
     # -- figures -------------------------------------------------------------------------
-
-    def eta(self, runner: Any, segment: Segment) -> float:
-        """Seconds left: remaining iterations at this process's mean period after warm-up,
-        plus the remaining validation passes at their measured mean (none until one ran)."""
-        done = runner.iter + 1
-        eta = (segment.max_iters - done) * segment.timed_seconds / segment.timed_iters
-        val_passes = self.totals["val_passes"] + segment.val_passes
-        if val_passes:
-            val_mean = (self.totals["val_seconds"] + segment.val_seconds) / val_passes
-            eta += remaining_validations(runner, segment, done) * val_mean
-        return max(eta, 0.0)  # read after the run ended, nothing is left
 
     def current_totals(self) -> dict[str, float]:
         totals = dict(self.totals)
@@ -205,17 +206,16 @@ class Timer(Plugin):
                 row[1] += seconds - seconds_before
         return {key: row for key, row in rows.items() if row[0] > 0}
 
-    def report(self, runner: Any) -> None:
+    def report(self, runner: RunnerProtocol) -> None:
         """The summary lines, and with ``profile_hooks`` the table (console and JSONL log)."""
         t = self.totals
         iters, seconds = t["timed_iters"], t["timed_seconds"]
         if not iters:  # the whole run was warm-up: report every iteration instead
             iters, seconds = t["iters"], t["seconds"]
         per_iter = f"{seconds / iters:.4f} s/it" if iters else "no iterations"
-        runner.info(
-            f"Overall training speed: {int(iters)} iterations in {hms(seconds)} ({per_iter})"
-        )
-        runner.info(f"Total training time: {hms(t['elapsed'])} ({hms(t['hooks'])} on hooks)")
+        took, hooks = format_duration(seconds), format_duration(t["hooks"])
+        runner.info(f"Overall training speed: {int(iters)} iterations in {took} ({per_iter})")
+        runner.info(f"Total training time: {format_duration(t['elapsed'])} ({hooks} on hooks)")
         if self.settings.profile_hooks:
             rows = profile_records(self.profile_rows)
             runner.console.print(profile_table(rows))
@@ -227,9 +227,9 @@ class Timer(Plugin):
 class Segment:
     """The clocks of one ``train()`` call in one process (a resumed run starts a new one)."""
 
-    def __init__(self, runner: Any, settings: TimerSettings, use_events: bool) -> None:
+    def __init__(self, runner: RunnerProtocol, settings: TimerSettings, use_events: bool) -> None:
         now = time.perf_counter()
-        self.stats = runner.manager.stats
+        self.stats = runner.hook_stats
         self.start = now
         self.hooks_start = self.stats.total
         self.profile_start = {k: tuple(v) for k, v in self.stats.per_hook.items()}
@@ -249,15 +249,9 @@ class Segment:
         self.mark = self.hooks_mark = self.pause_start = self.pause_hooks = 0.0
         self.data_now = 0.0
         self.batch_samples = 0
-        self.by_epoch = runner.by_epoch
-        self.max_epochs = runner.max_epochs
-        self.max_iters = 0
-        self.val_interval = runner.val_interval
-        self.has_val = runner.val_dataloader is not None
 
-    def start_training(self, runner: Any) -> None:
+    def start_training(self) -> None:
         self.training = True
-        self.max_iters = runner.max_iters
         self.mark = time.perf_counter()
         self.hooks_mark = self.stats.total
         if self.events is not None:
@@ -396,18 +390,6 @@ def record_event() -> Any:
     return event
 
 
-def remaining_validations(runner: Any, segment: Segment, done: int) -> int:
-    """Validation passes still to run after ``done`` iterations, the one now due included."""
-    if not segment.has_val:
-        return 0
-    interval = segment.val_interval
-    if segment.by_epoch:
-        last, first = segment.max_epochs, runner.epoch
-    else:
-        last, first = segment.max_iters, done - 1
-    return last // interval - first // interval + (1 if last % interval else 0)
-
-
 def profile_records(rows: dict[tuple[str, str], list[float]]) -> list[dict[str, Any]]:
     """Rows of the hook profile, slowest first: plugin, hook, calls, total and mean seconds."""
     out = [
@@ -439,15 +421,8 @@ def profile_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def hms(seconds: float) -> str:
-    """``H:MM:SS`` for a duration in seconds."""
-    return str(datetime.timedelta(seconds=round(max(seconds, 0.0))))
-
-
 def slowest(data_time: float, device: Any) -> float:
     """The slowest rank's data time: one small all-reduce, every ``window`` iterations on
     every rank (a loader starving one rank stalls them all)."""
-    from hookrun.dist import all_reduce_max
-
     value = torch.tensor([data_time], dtype=torch.float64, device=device)
-    return float(all_reduce_max(value).item())
+    return float(dist.all_reduce_max(value).item())

@@ -1,4 +1,4 @@
-"""Data time, iteration time, throughput and ETA against sleeps of known length."""
+"""Data time, iteration time and throughput against sleeps of known length."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from hookrun import hookimpl
 
-TIMER_KEYS = ("train/time", "train/data_time", "train/throughput", "train/eta")
+TIMER_KEYS = ("train/time", "train/data_time", "train/throughput")
 
 
 class SlowHook:
@@ -26,7 +26,7 @@ class SlowHook:
 
 
 class Reader:
-    """Reads the timer's scalars after every iteration, as a logger would at its interval."""
+    """Reads the timer's scalars after every iteration, as the core's report would."""
 
     priority = 100
 
@@ -57,7 +57,7 @@ def test_data_and_iteration_times_match_the_sleeps(make_runner: Any) -> None:
         hooks=[SlowHook(hook), reader],
     )
     runner.train()
-    # warm-up iterations put nothing; every later one puts all four scalars
+    # warm-up iterations put nothing; every later one has all three scalars
     assert [set(v) for v in reader.values[:3]] == [set()] * 3
     assert all(set(v) == set(TIMER_KEYS) for v in reader.values[3:])
     last = reader.values[-1]
@@ -67,24 +67,3 @@ def test_data_and_iteration_times_match_the_sleeps(make_runner: Any) -> None:
     assert last["train/throughput"] == pytest.approx(batch / (data + step + hook), rel=0.3)
     # the throughput is the window's samples over the window's time
     assert last["train/throughput"] == pytest.approx(batch / last["train/time"], rel=1e-9)
-
-
-@pytest.mark.parametrize("by_epoch", [True, False], ids=["epochs", "iterations"])
-def test_eta_predicts_the_remaining_time_validation_included(
-    make_runner: Any, by_epoch: bool
-) -> None:
-    reader = Reader()
-    schedule = (
-        dict(max_epochs=3, batches=10)
-        if by_epoch
-        else dict(max_epochs=None, max_iters=30, val_interval=10, batches=12)
-    )
-    runner = make_runner(
-        {"warmup": 2}, data=0.004, step=0.010, val_batches=6, hooks=[reader], **schedule
-    )
-    runner.train()
-    # mid-run, after the first validation pass: 15 iterations and 2 passes still to come
-    mid = 14
-    true_remaining = reader.end - reader.clock[mid]
-    assert reader.values[mid]["train/eta"] == pytest.approx(true_remaining, rel=0.25)
-    assert reader.values[-1]["train/eta"] < 0.25 * true_remaining  # only the last pass left

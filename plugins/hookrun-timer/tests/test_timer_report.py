@@ -139,7 +139,7 @@ def test_profile_lists_every_plugin_at_every_hook_point(make_runner: Any) -> Non
     assert "Time in hooks" in console
     lines = [line for line in console.splitlines() if "SlowHook" in line or "EpochHook" in line]
     assert "SlowHook" in lines[0] and "after_train_iter" in lines[0]
-    assert runner.manager.stats.profile is False  # switched off again after the run
+    assert runner.hook_stats.profile is False  # switched off again after the run
 
 
 def test_no_profile_table_by_default(make_runner: Any) -> None:
@@ -147,7 +147,7 @@ def test_no_profile_table_by_default(make_runner: Any) -> None:
     runner.train()
     assert "Time in hooks" not in runner.console.file.getvalue()
     assert "hook_profile" not in (runner.work_dir / "log.jsonl").read_text()
-    assert runner.manager.stats.per_hook == {}
+    assert runner.hook_stats.per_hook == {}
 
 
 def test_resumed_run_reports_totals_of_the_whole_run(make_runner: Any, tmp_path: Any) -> None:
@@ -243,5 +243,5 @@ def test_exception_keeps_totals_and_stops_profiling(make_runner: Any) -> None:
         runner.train()
     assert fail.saved["totals"]["iters"] == 5
     assert fail.saved["totals"]["elapsed"] >= 5 * (0.004 + 0.008)
-    assert runner.manager.stats.profile is False
+    assert runner.hook_stats.profile is False
     assert "training speed" not in runner.console.file.getvalue()
