@@ -27,6 +27,12 @@ _EXPORTS = {
     "better": "hookrun.direction",
     "format_duration": "hookrun.timefmt",
     "batch_size": "hookrun.steps",
+    "RunnerProtocol": "hookrun.surface",
+    "LoopPosition": "hookrun.loop",
+    "Phase": "hookrun.loop",
+    "HookStats": "hookrun.manager",
+    "mix_seed": "hookrun.data",
+    "atomic_write_text": "hookrun.checkpoint",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -34,7 +40,13 @@ __all__ = [*_EXPORTS, "__version__"]
 if TYPE_CHECKING:
     from hookrun.direction import better as better
     from hookrun.direction import metric_rule as metric_rule
+    from hookrun.checkpoint import atomic_write_text as atomic_write_text
+    from hookrun.data import mix_seed as mix_seed
     from hookrun.dist import rank_zero_only as rank_zero_only
+    from hookrun.loop import LoopPosition as LoopPosition
+    from hookrun.loop import Phase as Phase
+    from hookrun.manager import HookStats as HookStats
+    from hookrun.surface import RunnerProtocol as RunnerProtocol
     from hookrun.errors import CheckpointError as CheckpointError
     from hookrun.errors import ConfigError as ConfigError
     from hookrun.errors import HookrunError as HookrunError
