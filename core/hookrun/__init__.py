@@ -38,19 +38,18 @@ _EXPORTS = {
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
-    from hookrun.direction import better as better
-    from hookrun.direction import metric_rule as metric_rule
     from hookrun.checkpoint import atomic_write_text as atomic_write_text
     from hookrun.data import mix_seed as mix_seed
+    from hookrun.direction import better as better
+    from hookrun.direction import metric_rule as metric_rule
     from hookrun.dist import rank_zero_only as rank_zero_only
-    from hookrun.loop import LoopPosition as LoopPosition
-    from hookrun.loop import Phase as Phase
-    from hookrun.manager import HookStats as HookStats
-    from hookrun.surface import RunnerProtocol as RunnerProtocol
     from hookrun.errors import CheckpointError as CheckpointError
     from hookrun.errors import ConfigError as ConfigError
     from hookrun.errors import HookrunError as HookrunError
     from hookrun.errors import PluginError as PluginError
+    from hookrun.loop import LoopPosition as LoopPosition
+    from hookrun.loop import Phase as Phase
+    from hookrun.manager import HookStats as HookStats
     from hookrun.plugin import Plugin as Plugin
     from hookrun.plugin import PluginSettings as PluginSettings
     from hookrun.plugin import Priority as Priority
@@ -58,6 +57,7 @@ if TYPE_CHECKING:
     from hookrun.runner import Runner as Runner
     from hookrun.scalars import ScalarStore as ScalarStore
     from hookrun.steps import batch_size as batch_size
+    from hookrun.surface import RunnerProtocol as RunnerProtocol
     from hookrun.timefmt import format_duration as format_duration
     from hookrun.writers import Writer as Writer
 
