@@ -81,6 +81,18 @@ def test_the_outermost_wrapper_gives_the_result():
     ]
 
 
+def test_an_argument_with_a_default_still_receives_the_value(tmp_path):
+    seen: list[int] = []
+
+    class Defaulted:
+        @hookimpl
+        def after_train_iter(self, batch_idx=-1):
+            seen.append(batch_idx)
+
+    Runner(**toy_runner_kwargs(tmp_path, hooks=[Defaulted()], max_epochs=1)).train()
+    assert seen == [0, 1, 2]
+
+
 def test_a_wrapper_sees_an_exception_raised_inside_and_training_gets_it(tmp_path):
     log: list[str] = []
     boom = ValueError("bad batch")

@@ -380,12 +380,14 @@ class PluginManager:
             return priority, 0 if impl.tryfirst else 2 if impl.trylast else 1, index
 
         found = sorted(pluggy_caller.get_hookimpls(), key=key)
+        # arguments with a default (pluggy's kwargnames) are passed too, as pluggy does
+        bound = [(i, Impl.of(i.function, i.argnames + i.kwargnames, i.plugin_name)) for i in found]
         spec = pluggy_caller.spec
         return HookCaller(
             hook,
             self.stats,
-            [Impl.of(i.function, i.argnames, i.plugin_name) for i in found if not i.wrapper],
-            [Impl.of(i.function, i.argnames, i.plugin_name) for i in found if i.wrapper],
+            [impl for i, impl in bound if not i.wrapper],
+            [impl for i, impl in bound if i.wrapper],
             firstresult=bool(spec and spec.opts.get("firstresult")),
             guarded=hook == ON_EXCEPTION,
         )
