@@ -47,7 +47,7 @@ class Plugin:
         self.settings: Any = settings if settings is not None else self.Settings()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} priority={int(self.priority)}>"
+        return f"<{type(self).__name__} {self.name!r} priority={self.priority}>"
 
 
 def parse_priority(value: Any, where: str) -> int:
