@@ -1,7 +1,7 @@
 """hookrun-checkpoint: periodic, best and emergency checkpoints, keep-N, preemption-safe.
 
 The plugin decides when, where and how many; the core writes (``runner.checkpoint_state``,
-``hookrun.checkpoint.write``), so every file is atomic and loads with ``weights_only=True``.
+``runner.write_checkpoint``), so every file is atomic and loads with ``weights_only=True``.
 After each file is complete, and in this order, the ``latest`` pointer is replaced and the
 files ``max_keep`` lets go are deleted: a crash at any moment leaves ``latest`` naming a
 complete checkpoint. The bookkeeping (rotating files, best scores) is plugin state, stored in
@@ -29,15 +29,17 @@ from hookrun import (
     Plugin,
     PluginSettings,
     Priority,
+    RunnerProtocol,
+    atomic_write_text,
     better,
     dist,
     hookimpl,
     metric_rule,
 )
-from hookrun import checkpoint as ckpt_io
 
 __all__ = ["Checkpoint", "CheckpointSettings"]
 
+Rule = Literal["greater", "less"]
 UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
 STALE_TEMP = re.compile(r"\.(?:[\w.-]+\.pt|latest)\..+\.tmp")
 
@@ -147,6 +149,7 @@ class Checkpoint(Plugin):
 
     name = "checkpoint"
     Settings = CheckpointSettings
+    settings: CheckpointSettings
     priority = Priority.VERY_LOW  # saves after every other plugin has updated its state
     enabled_by_default = True
 
@@ -179,7 +182,7 @@ class Checkpoint(Plugin):
     # -- hooks ---------------------------------------------------------------------------
 
     @hookimpl
-    def before_run(self, runner: Any) -> None:
+    def before_run(self, runner: RunnerProtocol) -> None:
         out_dir = Path(self.settings.out_dir or "checkpoints")
         self.out_dir = out_dir if out_dir.is_absolute() else runner.work_dir / out_dir
         runner.checkpoint_dir = self.out_dir
@@ -194,19 +197,19 @@ class Checkpoint(Plugin):
             runner.info("checkpoint: not in the main thread, so save_on_signal is not active")
 
     @hookimpl
-    def before_train(self, runner: Any) -> None:
+    def before_train(self, runner: RunnerProtocol) -> None:
         """Forget files that are gone and protect the one this run resumed from."""
         self.training = True
         self.kept = [name for name in self.kept if (self.out_dir / name).is_file()]
         self.best = {m: e for m, e in self.best.items() if (self.out_dir / e["file"]).is_file()}
-        resumed = runner.resumed_from
-        same_dir = resumed is not None and resumed.parent.resolve() == self.out_dir.resolve()
-        self.protected = resumed.name if same_dir else None
+        resumed, self.protected = runner.resumed_from, None
+        if resumed is not None and resumed.parent.resolve() == self.out_dir.resolve():
+            self.protected = resumed.name
         if self.settings.save_best and runner.val_dataloader is None:
             runner.info("checkpoint: save_best is set but there is no val_dataloader")
 
     @hookimpl
-    def after_train_iter(self, runner: Any) -> None:
+    def after_train_iter(self, runner: RunnerProtocol) -> None:
         s = self.settings
         due = not s.by_epoch and (
             runner.every_n_iters(s.interval) or (s.save_last and runner.is_last_iter())
@@ -214,7 +217,7 @@ class Checkpoint(Plugin):
         self._save_and_maybe_stop(runner, due)
 
     @hookimpl
-    def after_train_epoch(self, runner: Any) -> None:
+    def after_train_epoch(self, runner: RunnerProtocol) -> None:
         if self.stopped:
             return
         s = self.settings
@@ -224,14 +227,13 @@ class Checkpoint(Plugin):
         self._save_and_maybe_stop(runner, due)
 
     @hookimpl
-    def after_val_epoch(self, runner: Any, metrics: dict[str, float]) -> None:
+    def after_val_epoch(self, runner: RunnerProtocol, metrics: dict[str, float]) -> None:
         if not self.training or self.stopped or not self.settings.save_best:
             return
-        updates = {}
-        for metric in self._best_metrics(metrics):
+        updates: dict[str, dict[str, Any]] = {}
+        for metric, rule in self._best_metrics(metrics).items():
             value = float(metrics[metric])
             entry = self.best.get(metric)
-            rule = self.settings.rule if self.settings.rule != "auto" else metric_rule(metric)
             if math.isnan(value) or not (entry is None or better(rule, value, entry["score"])):
                 continue
             updates[metric] = {
@@ -248,7 +250,7 @@ class Checkpoint(Plugin):
             runner.info(f"checkpoint: new best {scores}")
 
     @hookimpl
-    def after_val(self, runner: Any) -> None:
+    def after_val(self, runner: RunnerProtocol) -> None:
         if self.training and not self.stopped:
             self._save_and_maybe_stop(runner, due=False)
 
@@ -257,7 +259,7 @@ class Checkpoint(Plugin):
         self.training = False
 
     @hookimpl
-    def after_run(self, runner: Any) -> None:
+    def after_run(self, runner: RunnerProtocol) -> None:
         """Wait for the write in flight, put the signal handlers back, then re-deliver a
         caught signal so that the process ends the way the signal would have ended it."""
         if runner.mode != "train":
@@ -277,7 +279,7 @@ class Checkpoint(Plugin):
         signal.raise_signal(signum)
 
     @hookimpl
-    def on_exception(self, runner: Any, exception: BaseException) -> None:
+    def on_exception(self, runner: RunnerProtocol, exception: BaseException) -> None:
         """Save ``emergency_iter_<N>.pt`` unless the exception is a failed checkpoint write."""
         try:
             self.writer.wait()
@@ -299,7 +301,7 @@ class Checkpoint(Plugin):
 
     # -- saving --------------------------------------------------------------------------
 
-    def _save_and_maybe_stop(self, runner: Any, due: bool) -> None:
+    def _save_and_maybe_stop(self, runner: RunnerProtocol, due: bool) -> None:
         stop = self.signals.received()
         if due or stop:
             self._save(runner)
@@ -311,7 +313,7 @@ class Checkpoint(Plugin):
 
     def _save(
         self,
-        runner: Any,
+        runner: RunnerProtocol,
         names: list[str] | None = None,
         best: dict[str, dict[str, Any]] | None = None,
         emergency: bool = False,
@@ -337,11 +339,12 @@ class Checkpoint(Plugin):
         if runner.is_main:
             if background:
                 job = self.writer.host.copy(state)
-                self.writer.submit(lambda: self._write(job, paths, delete), paths[0])
+                write = runner.write_checkpoint
+                self.writer.submit(lambda: self._write(write, job, paths, delete), paths[0])
                 runner.info(f"checkpoint: writing {paths[0]} in the background")
             else:
                 try:
-                    self._write(state, paths, delete)
+                    self._write(runner.write_checkpoint, state, paths, delete)
                 except BaseException:
                     self.load_state_dict(previous)
                     raise
@@ -360,12 +363,19 @@ class Checkpoint(Plugin):
         self.kept = [name for name in self.kept if name not in delete]
         return delete
 
-    def _write(self, state: dict[str, Any], paths: list[Path], delete: list[str]) -> None:
+    def _write(
+        self,
+        write: Callable[[dict[str, Any], Path], Path],
+        state: dict[str, Any],
+        paths: list[Path],
+        delete: list[str],
+    ) -> None:
+        """``write`` is the runner's: the background thread holds it, not the runner."""
         for path in paths:
-            ckpt_io.write(state, path)
+            write(state, path)
         pointer = self.out_dir / "latest"
         try:
-            ckpt_io.atomic_write_text(paths[-1].name + "\n", pointer)
+            atomic_write_text(paths[-1].name + "\n", pointer)
         except OSError as exc:
             raise CheckpointError(f"cannot write {pointer}: {exc.strerror or exc}") from exc
         for name in delete:
@@ -375,22 +385,26 @@ class Checkpoint(Plugin):
                 message = f"[hookrun] checkpoint: cannot delete {self.out_dir / name}: {exc}"
                 print(message, file=sys.stderr)
 
-    def _best_metrics(self, metrics: dict[str, float]) -> list[str]:
-        """The ``save_best`` names, checked against what validation reported."""
+    def _best_metrics(self, metrics: dict[str, float]) -> dict[str, Rule]:
+        """The ``save_best`` names, checked against what validation reported, and their
+        rules."""
         wanted = self.settings.save_best
         if wanted == "auto":
             names = list(metrics)[:1]
         else:
-            names = [wanted] if isinstance(wanted, str) else list(wanted)
+            names = [wanted] if isinstance(wanted, str) else list(wanted or ())
+        rules: dict[str, Rule] = {}
         for name in names:
             if name not in metrics:
                 raise ConfigError(
                     f"plugins.checkpoint.save_best: validation reports no metric {name!r} "
                     f"(it reports: {', '.join(metrics) or 'nothing'})"
                 )
-            if self.settings.rule == "auto" and metric_rule(name) is None:
+            rule = self.settings.rule if self.settings.rule != "auto" else metric_rule(name)
+            if rule is None:
                 raise ConfigError(f"plugins.checkpoint.rule: {undecided(name)}")
-        return names
+            rules[name] = rule
+        return rules
 
 
 # -- helpers -----------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Exponential moving average (EMA) of a model's weights.
 
-After every ``update_interval``-th training iteration the average moves towards the current
-weights, ``ema = d * ema + (1 - d) * weights``. It is kept in float32 (float64 for float64
-weights): a bf16 average at decay 0.9999 rounds most updates away and stalls. Updates are a
-few ``torch._foreach_*`` calls with a Python-float decay, so they never wait for the device.
+After every ``update_interval``-th optimizer step the average moves towards the new weights,
+``ema = d * ema + (1 - d) * weights`` (so gradient accumulation needs no setting of its own).
+It is kept in float32 (float64 for float64 weights): a bf16 average at decay 0.9999 rounds
+most updates away and stalls. Updates are a few ``torch._foreach_*`` calls with a
+Python-float decay, so they never wait for the device.
 Validation and test run with the average swapped into the model by exchanging tensor storage
 (no copy), and the trained weights are given back afterwards, also when evaluation raises.
 Checkpoints hold the average as a state dict that loads straight into the model.
@@ -19,8 +20,15 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from hookrun import Plugin, PluginSettings, Priority, hookimpl
-from hookrun.errors import CheckpointError
+from hookrun import (
+    CheckpointError,
+    Plugin,
+    PluginSettings,
+    Priority,
+    RunnerProtocol,
+    dist,
+    hookimpl,
+)
 
 
 class EMASettings(PluginSettings):
@@ -39,8 +47,8 @@ class EMASettings(PluginSettings):
     update_interval: int = Field(
         1,
         ge=1,
-        description="Update after every `update_interval`-th training iteration (set it to the "
-        "runner's grad_accum to update once per optimizer step).",
+        description="Update after every `update_interval`-th optimizer step of the run (steps "
+        "skipped by a `before_optimizer_step` hook do not count).",
     )
     start_iter: int = Field(
         0,
@@ -71,6 +79,7 @@ class EMA(Plugin):
 
     name = "ema"
     Settings = EMASettings
+    settings: EMASettings
     priority = Priority.NORMAL
     enabled_by_default = False
 
@@ -78,39 +87,48 @@ class EMA(Plugin):
         super().__init__(settings)
         self.shadow: Shadow | None = None
         self.updates = 0  # averaging updates done: the t of the warm-up formula
+        self.steps: int | None = 0  # optimizer steps seen; None: unknown (an older checkpoint)
         self._pending: dict[str, Any] | None = None  # state loaded before the model was seen
         self._swaps = 0  # nesting depth of swapped_in()
 
     # -- training ------------------------------------------------------------------------
 
     @hookimpl
-    def before_train(self, runner: Any) -> None:
+    def before_train(self, runner: RunnerProtocol) -> None:
         self._shadow_of(runner.unwrapped_model)
+        if self.steps is None:  # older checkpoints counted iterations: exact without accumulation
+            self.steps = runner.iter // runner.grad_accum
 
     @hookimpl
-    def after_train_iter(self, runner: Any) -> None:
-        shadow, settings, i = self.shadow, self.settings, runner.iter
-        assert shadow is not None
-        if i < settings.start_iter:
+    def after_optimizer_step(self, runner: RunnerProtocol) -> None:
+        shadow, settings = self.shadow, self.settings
+        assert shadow is not None and self.steps is not None
+        self.steps += 1
+        if runner.iter < settings.start_iter:
             shadow.stale = True  # copied from the weights when next looked at
-            if i + 1 == settings.start_iter:
-                shadow.refresh()
-            return
-        if (i + 1) % settings.update_interval == 0:
+        elif self.steps % settings.update_interval == 0:
             t = self.updates
             decay = min(settings.decay, (1 + t) / (10 + t)) if settings.warmup else settings.decay
             shadow.update(decay)
             self.updates = t + 1
 
+    @hookimpl
+    def after_train_iter(self, runner: RunnerProtocol) -> None:
+        """Tracking ends: averaging starts from the weights the first ``start_iter`` iterations
+        left, which under accumulation may come from a step some iterations back."""
+        if runner.iter + 1 == self.settings.start_iter:
+            assert self.shadow is not None
+            self.shadow.refresh()
+
     # -- evaluation ----------------------------------------------------------------------
 
     @hookimpl
-    def before_val(self, runner: Any) -> None:
+    def before_val(self, runner: RunnerProtocol) -> None:
         if self.settings.evaluate == "ema":
             self._swap_in(runner.unwrapped_model)
 
     @hookimpl
-    def after_val_epoch(self, runner: Any, metrics: dict[str, float]) -> None:
+    def after_val_epoch(self, runner: RunnerProtocol, metrics: dict[str, float]) -> None:
         if self.settings.evaluate == "both":
             self._add_ema_metrics(runner, metrics, runner.val_dataloader, "val")
 
@@ -120,12 +138,12 @@ class EMA(Plugin):
             self._swap_out()
 
     @hookimpl
-    def before_test(self, runner: Any) -> None:
+    def before_test(self, runner: RunnerProtocol) -> None:
         if self.settings.evaluate == "ema":
             self._swap_in(runner.unwrapped_model)
 
     @hookimpl
-    def after_test_epoch(self, runner: Any, metrics: dict[str, float]) -> None:
+    def after_test_epoch(self, runner: RunnerProtocol, metrics: dict[str, float]) -> None:
         if self.settings.evaluate == "both":
             self._add_ema_metrics(runner, metrics, runner.test_dataloader, "test")
 
@@ -140,7 +158,7 @@ class EMA(Plugin):
             self._swap_out()
 
     @hookimpl
-    def extra_models(self, runner: Any) -> dict[str, Any]:
+    def extra_models(self, runner: RunnerProtocol) -> dict[str, Any]:
         self._shadow_of(runner.unwrapped_model)
         return {"ema": self.swapped_in}
 
@@ -157,7 +175,7 @@ class EMA(Plugin):
             self._swap_out()
 
     def _add_ema_metrics(
-        self, runner: Any, metrics: dict[str, float], loader: Any, mode: str
+        self, runner: RunnerProtocol, metrics: dict[str, float], loader: Any, mode: str
     ) -> None:
         self._shadow_of(runner.unwrapped_model)
         with self.swapped_in():
@@ -165,9 +183,12 @@ class EMA(Plugin):
         metrics.update({f"ema/{k}": v for k, v in ema_metrics.items()})
 
     def _swap_in(self, model: nn.Module) -> None:
+        """Buffers follow each rank's own batches between DDP's broadcasts, so rank 0's are
+        given to every rank once swapped in: all ranks evaluate (and save) one average."""
         shadow = self._shadow_of(model)
         if self._swaps == 0:
             shadow.swap_in()
+            dist.broadcast_buffers(model)
         self._swaps += 1
 
     def _swap_out(self) -> None:
@@ -190,13 +211,15 @@ class EMA(Plugin):
     def state_dict(self) -> dict[str, Any]:
         """``model``: the average as the model's own state dict (its dtypes, buffers included),
         ready for ``model.load_state_dict``; ``shadow``: the float32 values of the entries
-        whose model dtype is narrower; ``updates``: the warm-up step count."""
+        whose model dtype is narrower; ``updates``: the warm-up step count; ``steps``: the
+        optimizer steps seen, which ``update_interval`` counts."""
         if self.shadow is None:
             return dict(self._pending or {})
         return {
             "model": self.shadow.export(),
             "shadow": self.shadow.exact(),
             "updates": self.updates,
+            "steps": self.steps,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -207,6 +230,8 @@ class EMA(Plugin):
             return
         self.shadow.load(state)
         self.updates = int(state["updates"])
+        steps = state.get("steps")
+        self.steps = None if steps is None else int(steps)
 
     def _shadow_of(self, model: nn.Module) -> Shadow:
         """The average, built from ``model`` on first use (and filled from a loaded state)."""

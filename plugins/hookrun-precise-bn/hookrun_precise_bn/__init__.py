@@ -22,12 +22,16 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader, IterableDataset
 
-from hookrun import Plugin, PluginSettings, Priority, dist, hookimpl
-from hookrun import checkpoint as ckpt_io
-from hookrun.data import mix_seed
-from hookrun.errors import ConfigError
-from hookrun.runner import AMP_DTYPES
-from hookrun.steps import to_device
+from hookrun import (
+    ConfigError,
+    Plugin,
+    PluginSettings,
+    Priority,
+    RunnerProtocol,
+    dist,
+    hookimpl,
+    mix_seed,
+)
 
 
 class PreciseBNSettings(PluginSettings):
@@ -58,6 +62,7 @@ class PreciseBN(Plugin):
 
     name = "precise_bn"
     Settings = PreciseBNSettings
+    settings: PreciseBNSettings
     priority = Priority.ABOVE_NORMAL
     enabled_by_default = False
 
@@ -66,34 +71,33 @@ class PreciseBN(Plugin):
         self._told: set[str] = set()
 
     @hookimpl
-    def after_train_iter(self, runner: Any) -> None:
+    def after_train_iter(self, runner: RunnerProtocol) -> None:
         every = self.settings.interval
         if not self.settings.by_epoch and (runner.every_n_iters(every) or runner.is_last_iter()):
             self.recompute(runner)
 
     @hookimpl
-    def after_train_epoch(self, runner: Any) -> None:
+    def after_train_epoch(self, runner: RunnerProtocol) -> None:
         every = self.settings.interval
         if self.settings.by_epoch and (runner.every_n_epochs(every) or runner.is_last_epoch()):
             self.recompute(runner)
 
-    def recompute(self, runner: Any) -> None:
+    def recompute(self, runner: RunnerProtocol) -> None:
         """One pass per model, each seeing the same batches; every RNG is restored after, so
         the training run is the same with or without this plugin."""
         models: dict[str, Callable[[], Any]] = {"model": contextlib.nullcontext}
         if self.settings.models == "all":
-            for found in runner.hooks.extra_models(runner=runner):
-                models.update(found)
-        rng = ckpt_io.rng_state()
+            models.update(runner.extra_models())
+        rng = runner.rng_state()
         try:
             for name, swapped_in in models.items():
-                ckpt_io.set_rng_state(rng)
+                runner.set_rng_state(rng)
                 with swapped_in():
                     self._recompute_model(runner, name)
         finally:
-            ckpt_io.set_rng_state(rng)
+            runner.set_rng_state(rng)
 
-    def _recompute_model(self, runner: Any, name: str) -> None:
+    def _recompute_model(self, runner: RunnerProtocol, name: str) -> None:
         model = runner.unwrapped_model
         layers, frozen = bn_layers(model)
         if frozen:
@@ -114,21 +118,12 @@ class PreciseBN(Plugin):
             runner.train_dataloader,
             self.settings.num_batches,
             seed,
-            dist.get_rank(),
-            dist.get_world_size(),
+            runner.rank,
+            runner.world_size,
         )
-        amp = getattr(runner, "amp", None)
-        autocast = (
-            torch.autocast(runner.device.type, dtype=AMP_DTYPES[amp])
-            if amp
-            else contextlib.nullcontext()
-        )
-        with autocast:
+        with runner.autocast():
             done = recompute_bn_stats(
-                model,
-                layers,
-                batches,
-                lambda batch: model_forward(model, to_device(batch, runner.device)),
+                model, layers, batches, lambda batch: model_forward(model, runner.to_device(batch))
             )
         self._notice(
             runner,
@@ -136,7 +131,7 @@ class PreciseBN(Plugin):
             f"over {done} batch(es) per rank",
         )
 
-    def _notice(self, runner: Any, message: str) -> None:
+    def _notice(self, runner: RunnerProtocol, message: str) -> None:
         """Each message once per plugin instance, so periodic passes do not flood the console."""
         if message not in self._told:
             self._told.add(message)
