@@ -193,10 +193,10 @@ def test_bad_arguments_are_reported_together(tmp_path):
     with pytest.raises(ConfigError) as info:
         Runner(**toy_runner_kwargs(tmp_path, max_iters=5, val_interval=0, amp="fp8", grad_accum=0))
     assert info.value.lines == [
-        "runner: give max_epochs or max_iters, not both",
-        "runner.val_interval: must be an int >= 1 (got 0)",
-        "runner.amp: must be null, 'bf16' or 'fp16' (got 'fp8')",
-        "runner.grad_accum: must be an int >= 1 (got 0)",
+        "runner.max_iters: give max_epochs or max_iters, not both (got 5)",
+        "runner.val_interval: Input should be greater than or equal to 1 (got 0)",
+        "runner.amp: Input should be 'bf16' or 'fp16' (got 'fp8')",
+        "runner.grad_accum: Input should be greater than or equal to 1 (got 0)",
     ]
 
 

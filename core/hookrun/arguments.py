@@ -174,13 +174,9 @@ class RunnerArguments(BaseModel):
         return None if self.clip_grad is None else {"max_norm": self.clip_grad}
 
 
-_POSITIONAL = ("max_epochs", "max_iters", "val_interval", "amp", "grad_accum", "scheduler_interval")
-
-
-def check_arguments(*positional: Any, **arguments: Any) -> RunnerArguments:
+def check_arguments(**arguments: Any) -> RunnerArguments:
     """Validate the Runner's plain arguments (writers included); ConfigError with every
-    problem. The first six may still come by position, in the order of ``_POSITIONAL``."""
-    arguments.update(zip(_POSITIONAL, positional, strict=False))
+    problem."""
     errors = argument_errors(arguments)
     if errors:
         raise ConfigError(errors)

@@ -3,14 +3,11 @@ resolved config. What ``hookrun train|val|test`` do before the Runner takes over
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from hookrun.arguments import RunnerArguments
 from hookrun.config import LoadedConfig
 from hookrun.errors import HookrunError
 
@@ -39,23 +36,11 @@ def build_runner(loaded: LoadedConfig) -> Any:
     hooks = objects.pop("hooks", None) or ()
     return Runner(
         **objects,
-        **_runner_arguments(loaded.runner, inspect.signature(Runner).parameters),
+        **loaded.runner,
         plugins=loaded.data["plugins"],
         hooks=hooks,
         config=loaded.resolved(),
     )
-
-
-def _runner_arguments(runner: dict[str, Any], accepted: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``runner:`` section minus the defaults of arguments this Runner does not take yet
-    (strategy, dist_timeout, sync_bn before the Runner wires them); a value set in the
-    config is always passed, so the Runner refuses it rather than ignoring it."""
-    fields = RunnerArguments.model_fields
-    return {
-        key: value
-        for key, value in runner.items()
-        if key in accepted or value != fields[key].default
-    }
 
 
 def save_resolved_config(loaded: LoadedConfig) -> None:

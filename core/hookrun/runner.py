@@ -60,19 +60,43 @@ class Runner:
         seed: int = 0,
         scheduler_interval: str = "epoch",
         log_interval: int = 10,
+        strategy: str = "auto",
+        dist_timeout: float = 600.0,
+        sync_bn: bool = False,
         ddp: Mapping[str, Any] | None = None,
         config: Mapping[str, Any] | None = None,
     ) -> None:
-        check_arguments(max_epochs, max_iters, val_interval, amp, grad_accum, scheduler_interval)
-        if isinstance(log_interval, bool) or not isinstance(log_interval, int) or log_interval < 1:
-            raise ConfigError(f"runner.log_interval: must be an int >= 1 (got {log_interval!r})")
+        args = check_arguments(
+            max_epochs=max_epochs,
+            max_iters=max_iters,
+            val_interval=val_interval,
+            work_dir=work_dir,
+            seed=seed,
+            device=device,
+            amp=amp,
+            grad_accum=grad_accum,
+            clip_grad=clip_grad,
+            scheduler_interval=scheduler_interval,
+            writers=writers,
+            log_interval=log_interval,
+            strategy=strategy,
+            dist_timeout=dist_timeout,
+            sync_bn=sync_bn,
+            ddp=ddp,
+        )
+        if strategy == "fsdp":
+            raise ConfigError("runner.strategy: 'fsdp' is not available in this version")
         check_convention(model, criterion)
         self.seed = seed
         seed_all(seed)
-        self.rank, self.world_size, local_rank = dist.init_from_env()
+        self.rank, self.world_size, local_rank = dist.init_from_env(dist_timeout)
         self.device = resolve_device(device, local_rank)
         if amp == "fp16" and self.device.type != "cuda":
             raise ConfigError("runner.amp: 'fp16' needs a CUDA device; use 'bf16' on CPU")
+        if sync_bn and self.device.type != "cuda":
+            raise ConfigError(f"runner.sync_bn: SyncBatchNorm needs CUDA (device is {self.device})")
+        if sync_bn and self.world_size > 1:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self.unwrapped_model = model.to(self.device)
         self.model: nn.Module = self.unwrapped_model
         if self.world_size > 1:
@@ -100,9 +124,7 @@ class Runner:
         self.amp = amp
         self.scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
         self.grad_accum = grad_accum
-        self.clip_grad = (
-            {"max_norm": clip_grad} if isinstance(clip_grad, (int, float)) else clip_grad
-        )
+        self.clip_grad = args.clip_grad_norm
         self.config = dict(config or {})
         self.console = Console(quiet=self.rank != 0, highlight=False)
         self.manager = PluginManager(plugins, hooks)
