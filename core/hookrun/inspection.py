@@ -14,6 +14,7 @@ import pluggy
 from hookrun import hookspecs
 from hookrun.discovery import EntryPointInfo
 from hookrun.manager import check_hookimpls, hook_arguments, hook_points
+from hookrun.plugin import parse_priority
 
 
 def describe_plugin(
@@ -39,7 +40,7 @@ def describe_plugin(
         info["error"] = f"failed to import: {type(exc).__name__}: {exc}"
         return info
     problems, implemented = _hookimpls(name, instance)
-    info["priority"] = int(cls.priority)
+    info["priority"] = parse_priority(cls.priority, f"plugin {name!r}")
     info["enabled_by_default"] = bool(cls.enabled_by_default)
     info["hooks"] = [hook for hook in hook_points() if hook in implemented]
     if problems:

@@ -162,12 +162,12 @@ def evaluate(runner: Any, loader: Any, mode: str, hooks: bool) -> dict[str, floa
     points = runner.hooks if hooks else None
     model = runner.unwrapped_model
     was_training = model.training
-    dist.broadcast_buffers(model)
     model.eval()
     try:
         if points is not None:
             getattr(points, f"before_{mode}")(runner=runner)
             getattr(points, f"before_{mode}_epoch")(runner=runner)
+        dist.broadcast_buffers(model)  # the weights evaluated, an EMA's swapped in too
         metrics = _pass(runner, loader, mode, points)
         if points is not None:
             getattr(points, f"after_{mode}_epoch")(runner=runner, metrics=metrics)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import pluggy
 from pydantic import BaseModel, ConfigDict
@@ -31,8 +31,12 @@ class PluginSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Plugin:
+SettingsT = TypeVar("SettingsT", bound=PluginSettings)
+
+
+class Plugin(Generic[SettingsT]):
     """Base class of installable plugins; subclasses set ``name``, ``Settings`` and hooks.
+    ``Plugin[EMASettings]`` types ``self.settings`` for mypy.
 
     ``state_dict()`` / ``load_state_dict()`` are optional: when defined, the state is stored
     under ``checkpoint["plugins"][name]`` and given back on resume.
@@ -43,8 +47,10 @@ class Plugin:
     priority: int = Priority.NORMAL
     enabled_by_default: ClassVar[bool] = True
 
-    def __init__(self, settings: PluginSettings | None = None) -> None:
-        self.settings: Any = settings if settings is not None else self.Settings()
+    def __init__(self, settings: SettingsT | None = None) -> None:
+        self.settings: SettingsT = (
+            settings if settings is not None else cast(SettingsT, self.Settings())
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} priority={self.priority}>"

@@ -37,7 +37,8 @@ class Reporter:
     def keep_lrs(self) -> None:
         """Called before a reported iteration's step: its learning rates are the ones logged."""
         optimizer = self.runner.optimizer
-        self.lrs = [float(group["lr"]) for group in optimizer.param_groups] if optimizer else []
+        groups = optimizer.param_groups if optimizer is not None else []
+        self.lrs = [float(group["lr"]) for group in groups if "lr" in group]
 
     def validation_took(self, seconds: float) -> None:
         self.val_seconds += seconds

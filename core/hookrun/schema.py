@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from hookrun.discovery import installed_plugins
-from hookrun.plugin import Priority
+from hookrun.plugin import Priority, parse_priority
 
 
 def schema() -> dict[str, Any]:
@@ -35,7 +35,7 @@ def schema() -> dict[str, Any]:
                 Field(
                     None,
                     description="Override the plugin's priority: 0-100 or a name "
-                    f"(default {int(cls.priority)}); lower runs first.",
+                    f"(default {parse_priority(cls.priority, name)}); lower runs first.",
                 ),
             ),
         )

@@ -26,7 +26,6 @@ from hookrun import (
     PluginSettings,
     Priority,
     RunnerProtocol,
-    dist,
     hookimpl,
 )
 
@@ -183,12 +182,12 @@ class EMA(Plugin):
         metrics.update({f"ema/{k}": v for k, v in ema_metrics.items()})
 
     def _swap_in(self, model: nn.Module) -> None:
-        """Buffers follow each rank's own batches between DDP's broadcasts, so rank 0's are
-        given to every rank once swapped in: all ranks evaluate (and save) one average."""
+        """The average into the model's tensors. Under DDP the core gives every rank rank
+        0's buffers after the ``before_val``/``before_test`` hooks, so all ranks evaluate
+        (and save) one average."""
         shadow = self._shadow_of(model)
         if self._swaps == 0:
             shadow.swap_in()
-            dist.broadcast_buffers(model)
         self._swaps += 1
 
     def _swap_out(self) -> None:

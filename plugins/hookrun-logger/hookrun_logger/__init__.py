@@ -61,15 +61,13 @@ class LoggerSettings(PluginSettings):
     )
 
 
-class Logger(Plugin):
+class Logger(Plugin[LoggerSettings]):
     """Console progress, scalars to the writers every ``interval`` iterations, metric tables."""
 
     name = "logger"
     Settings = LoggerSettings
     priority = Priority.BELOW_NORMAL
     enabled_by_default = True
-
-    settings: LoggerSettings
 
     def __init__(self, settings: LoggerSettings | None = None) -> None:
         super().__init__(settings)

@@ -78,15 +78,13 @@ class TimerSettings(PluginSettings):
     )
 
 
-class Timer(Plugin):
+class Timer(Plugin[TimerSettings]):
     """Per-iteration timings into ``runner.scalars`` and a speed summary at the end of training."""
 
     name = "timer"
     Settings = TimerSettings
     priority = Priority.HIGH  # its clocks run before, and so around, lower-priority plugins
     enabled_by_default = True
-
-    settings: TimerSettings
 
     def __init__(self, settings: TimerSettings | None = None) -> None:
         super().__init__(settings)
