@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from hookrun.runner import Runner
+    from hookrun.surface import RunnerProtocol as Runner
 
 hookspec = pluggy.HookspecMarker("hookrun")
 

@@ -42,6 +42,9 @@ class Writer:
     def write_config(self, config: Mapping[str, Any]) -> None:
         """Default: ignore the config."""
 
+    def write_record(self, record: Mapping[str, Any]) -> None:
+        """A structured record (a table, a summary); default: ignore it."""
+
     def flush(self) -> None:
         """Default: nothing buffered."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sized
 from typing import Any, Literal
 
 from pydantic import Field
@@ -154,8 +154,8 @@ class Logger(Plugin[LoggerSettings]):
 
     def _start_eval(self, runner: RunnerProtocol, mode: str) -> None:
         if self.settings.log_val_iters and self.display != "off":
-            loader = getattr(runner, f"{mode}_dataloader", None)
-            total = len(loader) if hasattr(loader, "__len__") else None
+            loader = runner.val_dataloader if mode == "val" else runner.test_dataloader
+            total = len(loader) if isinstance(loader, Sized) else None
             self._eval = [mode, 0, total, time.perf_counter()]
 
     def _eval_iter(self, runner: RunnerProtocol, batch_idx: int) -> None:

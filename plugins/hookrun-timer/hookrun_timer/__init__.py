@@ -218,8 +218,7 @@ class Timer(Plugin[TimerSettings]):
             rows = profile_records(self.profile_rows)
             runner.console.print(profile_table(rows))
             for writer in runner.writers:
-                if callable(getattr(writer, "write_record", None)):
-                    writer.write_record({"hook_profile": rows, "step": runner.iter})
+                writer.write_record({"hook_profile": rows, "step": runner.iter})
 
 
 class Segment:
