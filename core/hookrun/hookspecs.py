@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from hookrun.surface import RunnerProtocol as Runner
+    from hookrun.surface import RunnerProtocol
 
 hookspec = pluggy.HookspecMarker("hookrun")
 
 
 @hookspec
-def before_run(runner: Runner) -> None:
+def before_run(runner: RunnerProtocol) -> None:
     """Fires once at the start of ``train()``, ``val()`` or ``test()``, before any state is
     restored from a checkpoint.
 
@@ -38,7 +38,7 @@ def before_run(runner: Runner) -> None:
 
 
 @hookspec
-def after_run(runner: Runner) -> None:
+def after_run(runner: RunnerProtocol) -> None:
     """Fires once at the end of ``train()``, ``val()`` or ``test()``, also after
     ``stop_training``; not after an exception (``on_exception`` fires instead).
 
@@ -54,7 +54,7 @@ def after_run(runner: Runner) -> None:
 
 
 @hookspec
-def before_train(runner: Runner) -> None:
+def before_train(runner: RunnerProtocol) -> None:
     """Fires after ``before_run`` and after any resume, right before the first epoch.
 
     Arguments: ``runner``; ``runner.iter`` and ``runner.epoch`` already hold the resumed
@@ -71,7 +71,7 @@ def before_train(runner: Runner) -> None:
 
 
 @hookspec
-def after_train(runner: Runner) -> None:
+def after_train(runner: RunnerProtocol) -> None:
     """Fires after the last epoch (or after ``stop_training``), before ``after_run``.
 
     Arguments: ``runner``.
@@ -86,7 +86,7 @@ def after_train(runner: Runner) -> None:
 
 
 @hookspec
-def before_train_epoch(runner: Runner) -> None:
+def before_train_epoch(runner: RunnerProtocol) -> None:
     """Fires at the start of each training epoch (each pass over the data in iteration-based
     runs), also when a run resumes in the middle of that epoch.
 
@@ -102,7 +102,7 @@ def before_train_epoch(runner: Runner) -> None:
 
 
 @hookspec
-def after_train_epoch(runner: Runner) -> None:
+def after_train_epoch(runner: RunnerProtocol) -> None:
     """Fires after the last iteration of an epoch and after an epoch-wise scheduler step,
     before that epoch's validation.
 
@@ -119,7 +119,7 @@ def after_train_epoch(runner: Runner) -> None:
 
 
 @hookspec
-def before_train_iter(runner: Runner, batch_idx: int, batch: Any) -> None:
+def before_train_iter(runner: RunnerProtocol, batch_idx: int, batch: Any) -> None:
     """Fires before the forward pass of every training iteration; ``batch`` is already on
     the runner's device.
 
@@ -136,7 +136,9 @@ def before_train_iter(runner: Runner, batch_idx: int, batch: Any) -> None:
 
 
 @hookspec
-def after_train_iter(runner: Runner, batch_idx: int, batch: Any, outputs: dict[str, Any]) -> None:
+def after_train_iter(
+    runner: RunnerProtocol, batch_idx: int, batch: Any, outputs: dict[str, Any]
+) -> None:
     """Fires at the end of every training iteration, after the optimizer step hooks (and an
     iteration-wise scheduler) and before the core's report and any validation due.
 
@@ -155,7 +157,7 @@ def after_train_iter(runner: Runner, batch_idx: int, batch: Any, outputs: dict[s
 
 
 @hookspec
-def before_backward(runner: Runner, loss: Any) -> None:
+def before_backward(runner: RunnerProtocol, loss: Any) -> None:
     """Fires before every backward pass, after the forward.
 
     Arguments: ``runner``; ``loss``, the tensor about to be back-propagated (already divided
@@ -171,7 +173,7 @@ def before_backward(runner: Runner, loss: Any) -> None:
 
 
 @hookspec
-def after_backward(runner: Runner) -> None:
+def after_backward(runner: RunnerProtocol) -> None:
     """Fires after every backward pass; gradients of the accumulation group so far are in
     ``.grad`` (scaled by AMP's GradScaler under ``amp: fp16``).
 
@@ -187,7 +189,7 @@ def after_backward(runner: Runner) -> None:
 
 
 @hookspec
-def before_optimizer_step(runner: Runner, optimizer: Any) -> Any:
+def before_optimizer_step(runner: RunnerProtocol, optimizer: Any) -> Any:
     """Fires at an accumulation boundary (every ``grad_accum``-th batch of an epoch, and its
     last batch), after AMP unscaled the gradients and before clipping and the step.
 
@@ -207,7 +209,7 @@ def before_optimizer_step(runner: Runner, optimizer: Any) -> Any:
 
 
 @hookspec
-def after_optimizer_step(runner: Runner, optimizer: Any) -> None:
+def after_optimizer_step(runner: RunnerProtocol, optimizer: Any) -> None:
     """Fires right after the optimizer stepped, only when it did (not for a skipped step),
     before the gradients are zeroed and a per-iteration scheduler steps.
 
@@ -224,7 +226,7 @@ def after_optimizer_step(runner: Runner, optimizer: Any) -> None:
 
 
 @hookspec
-def after_report(runner: Runner, scalars: dict[str, float], step: int) -> None:
+def after_report(runner: RunnerProtocol, scalars: dict[str, float], step: int) -> None:
     """Fires on rank 0 after the core sent a training report to every writer: every
     ``log_interval`` iterations, at each epoch's end and after the last iteration.
 
@@ -243,7 +245,7 @@ def after_report(runner: Runner, scalars: dict[str, float], step: int) -> None:
 
 
 @hookspec
-def before_val(runner: Runner) -> None:
+def before_val(runner: RunnerProtocol) -> None:
     """Fires before a validation pass, both inside ``train()`` and from ``runner.val()``.
 
     Arguments: ``runner``.
@@ -259,7 +261,7 @@ def before_val(runner: Runner) -> None:
 
 
 @hookspec
-def after_val(runner: Runner) -> None:
+def after_val(runner: RunnerProtocol) -> None:
     """Fires after a validation pass, after ``after_val_epoch``.
 
     Arguments: ``runner``.
@@ -274,7 +276,7 @@ def after_val(runner: Runner) -> None:
 
 
 @hookspec
-def before_val_epoch(runner: Runner) -> None:
+def before_val_epoch(runner: RunnerProtocol) -> None:
     """Fires right before the validation loop starts, after ``before_val``.
 
     Arguments: ``runner``.
@@ -289,7 +291,7 @@ def before_val_epoch(runner: Runner) -> None:
 
 
 @hookspec
-def after_val_epoch(runner: Runner, metrics: dict[str, float]) -> None:
+def after_val_epoch(runner: RunnerProtocol, metrics: dict[str, float]) -> None:
     """Fires with the validation metrics of the whole pass (averaged over samples and, under
     torch.distributed, over ranks).
 
@@ -307,7 +309,7 @@ def after_val_epoch(runner: Runner, metrics: dict[str, float]) -> None:
 
 
 @hookspec
-def before_val_iter(runner: Runner, batch_idx: int, batch: Any) -> None:
+def before_val_iter(runner: RunnerProtocol, batch_idx: int, batch: Any) -> None:
     """Fires before each validation batch's forward pass.
 
     Arguments: ``runner``; ``batch_idx``; ``batch`` (on the device).
@@ -322,7 +324,9 @@ def before_val_iter(runner: Runner, batch_idx: int, batch: Any) -> None:
 
 
 @hookspec
-def after_val_iter(runner: Runner, batch_idx: int, batch: Any, outputs: dict[str, Any]) -> None:
+def after_val_iter(
+    runner: RunnerProtocol, batch_idx: int, batch: Any, outputs: dict[str, Any]
+) -> None:
     """Fires after each validation batch.
 
     Arguments: ``runner``; ``batch_idx``; ``batch``; ``outputs``, the batch's metric
@@ -338,7 +342,7 @@ def after_val_iter(runner: Runner, batch_idx: int, batch: Any, outputs: dict[str
 
 
 @hookspec
-def before_test(runner: Runner) -> None:
+def before_test(runner: RunnerProtocol) -> None:
     """Fires before a test pass (``runner.test()``); as ``before_val`` for the test set.
 
     Arguments: ``runner``.
@@ -353,7 +357,7 @@ def before_test(runner: Runner) -> None:
 
 
 @hookspec
-def after_test(runner: Runner) -> None:
+def after_test(runner: RunnerProtocol) -> None:
     """Fires after a test pass, after ``after_test_epoch``.
 
     Arguments: ``runner``.
@@ -368,7 +372,7 @@ def after_test(runner: Runner) -> None:
 
 
 @hookspec
-def before_test_epoch(runner: Runner) -> None:
+def before_test_epoch(runner: RunnerProtocol) -> None:
     """Fires right before the test loop starts.
 
     Arguments: ``runner``.
@@ -383,7 +387,7 @@ def before_test_epoch(runner: Runner) -> None:
 
 
 @hookspec
-def after_test_epoch(runner: Runner, metrics: dict[str, float]) -> None:
+def after_test_epoch(runner: RunnerProtocol, metrics: dict[str, float]) -> None:
     """Fires with the test metrics of the whole pass.
 
     Arguments: ``runner``; ``metrics`` (may be edited in place, as in ``after_val_epoch``).
@@ -398,7 +402,7 @@ def after_test_epoch(runner: Runner, metrics: dict[str, float]) -> None:
 
 
 @hookspec
-def before_test_iter(runner: Runner, batch_idx: int, batch: Any) -> None:
+def before_test_iter(runner: RunnerProtocol, batch_idx: int, batch: Any) -> None:
     """Fires before each test batch's forward pass.
 
     Arguments: ``runner``; ``batch_idx``; ``batch``.
@@ -413,7 +417,9 @@ def before_test_iter(runner: Runner, batch_idx: int, batch: Any) -> None:
 
 
 @hookspec
-def after_test_iter(runner: Runner, batch_idx: int, batch: Any, outputs: dict[str, Any]) -> None:
+def after_test_iter(
+    runner: RunnerProtocol, batch_idx: int, batch: Any, outputs: dict[str, Any]
+) -> None:
     """Fires after each test batch.
 
     Arguments: ``runner``; ``batch_idx``; ``batch``; ``outputs`` (the batch's metric values).
@@ -428,7 +434,7 @@ def after_test_iter(runner: Runner, batch_idx: int, batch: Any, outputs: dict[st
 
 
 @hookspec
-def before_save_checkpoint(runner: Runner, checkpoint: dict[str, Any]) -> None:
+def before_save_checkpoint(runner: RunnerProtocol, checkpoint: dict[str, Any]) -> None:
     """Fires with the checkpoint dict after every state (plugins' included) was collected
     and before it is written.
 
@@ -446,7 +452,7 @@ def before_save_checkpoint(runner: Runner, checkpoint: dict[str, Any]) -> None:
 
 
 @hookspec
-def after_load_checkpoint(runner: Runner, checkpoint: dict[str, Any]) -> None:
+def after_load_checkpoint(runner: RunnerProtocol, checkpoint: dict[str, Any]) -> None:
     """Fires after a checkpoint was loaded and every state (model, optimizer, scheduler,
     loop position, RNG and plugins' states) was restored.
 
@@ -462,7 +468,7 @@ def after_load_checkpoint(runner: Runner, checkpoint: dict[str, Any]) -> None:
 
 
 @hookspec
-def on_exception(runner: Runner, exception: BaseException) -> None:
+def on_exception(runner: RunnerProtocol, exception: BaseException) -> None:
     """Fires when ``train()``, ``val()`` or ``test()`` raises, before the exception
     propagates unchanged. ``KeyboardInterrupt`` included.
 
@@ -479,7 +485,7 @@ def on_exception(runner: Runner, exception: BaseException) -> None:
 
 
 @hookspec
-def extra_models(runner: Runner) -> dict[str, Any]:  # type: ignore[empty-body]
+def extra_models(runner: RunnerProtocol) -> dict[str, Any]:  # type: ignore[empty-body]
     """Asked for the extra models a plugin keeps beside ``runner.model``, such as an EMA
     copy, so that other plugins can act on them without importing that plugin.
 
