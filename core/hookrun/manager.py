@@ -114,6 +114,12 @@ class HookCaller:
         self.guarded = guarded  # the on_exception policy: report failures, never raise
         self.direct = not (self.wrappers or firstresult or guarded)  # the lean loop suffices
 
+    @property
+    def used(self) -> bool:
+        """Whether anything implements this hook point: callers on the hot path skip the
+        call (and its keyword arguments) when nothing would run."""
+        return bool(self.impls or self.wrappers)
+
     def __call__(self, **kwargs: Any) -> Any:
         """The results that are not None (see the module docstring for wrappers and
         firstresult). The time the call took goes to ``stats.total``: set, not added, so

@@ -38,7 +38,7 @@ class OptimizerStep:
         self.grad_accum = grad_accum
         self.clip_grad = dict(clip_grad) if clip_grad else None
         self.scaler = scaler
-        self.steps = 0  # optimizer steps taken by this process (skipped ones not counted)
+        self.around_backward = hooks.before_backward.used or hooks.after_backward.used
 
     def sync_context(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
         """DDP's ``no_sync`` inside an accumulation group: gradients are reduced once, at
@@ -52,9 +52,11 @@ class OptimizerStep:
         runner, hooks = self.runner, self.hooks
         if self.grad_accum > 1:
             loss = loss / self.grad_accum
-        hooks.before_backward(runner=runner, loss=loss)
+        if self.around_backward:
+            hooks.before_backward(runner=runner, loss=loss)
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-        hooks.after_backward(runner=runner)
+        if self.around_backward:
+            hooks.after_backward(runner=runner)
 
     def step(self) -> bool:
         """The update at an accumulation boundary; whether the weights changed."""
@@ -62,8 +64,10 @@ class OptimizerStep:
         optimizer = runner.optimizer
         if scaler is not None:
             scaler.unscale_(optimizer)
-        verdicts = hooks.before_optimizer_step(runner=runner, optimizer=optimizer)
-        stepped = False not in verdicts
+        stepped = True
+        if hooks.before_optimizer_step.used:
+            verdicts = hooks.before_optimizer_step(runner=runner, optimizer=optimizer)
+            stepped = False not in verdicts
         if stepped:
             if self.clip_grad:
                 norm = nn.utils.clip_grad_norm_(
@@ -74,8 +78,8 @@ class OptimizerStep:
                 scaler.step(optimizer)
             else:
                 optimizer.step()
-            self.steps += 1
-            hooks.after_optimizer_step(runner=runner, optimizer=optimizer)
+            if hooks.after_optimizer_step.used:
+                hooks.after_optimizer_step(runner=runner, optimizer=optimizer)
         if scaler is not None:
             scaler.update()
         optimizer.zero_grad(set_to_none=True)
