@@ -41,9 +41,10 @@ class LoggerSettings(PluginSettings):
     interval: int | None = Field(
         None,
         ge=1,
-        description="In `lines` mode, print a line every `interval` iterations, at the "
-        "core's reports (`runner.log_interval`, which must divide it); `null`: at every "
-        "report. Also the batch interval of `log_val_iters` lines.",
+        description="In `lines` mode, print a line every `interval` iterations and after "
+        "the last one, at the core's reports (`runner.log_interval` must divide it); "
+        "`null`: every `runner.log_interval` iterations. Also the batch interval of "
+        "`log_val_iters` lines.",
     )
     progress: Literal["auto", "bar", "lines", "off"] = Field(
         "auto",
