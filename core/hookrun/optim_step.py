@@ -38,7 +38,10 @@ class OptimizerStep:
         self.grad_accum = grad_accum
         self.clip_grad = dict(clip_grad) if clip_grad else None
         self.scaler = scaler
+        # the hook points nothing implements are skipped: the plain step pays for none of them
         self.around_backward = hooks.before_backward.used or hooks.after_backward.used
+        self.before_step = hooks.before_optimizer_step.used
+        self.after_step = hooks.after_optimizer_step.used
 
     def sync_context(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
         """DDP's ``no_sync`` inside an accumulation group: gradients are reduced once, at
@@ -65,7 +68,7 @@ class OptimizerStep:
         if scaler is not None:
             scaler.unscale_(optimizer)
         stepped = True
-        if hooks.before_optimizer_step.used:
+        if self.before_step:
             verdicts = hooks.before_optimizer_step(runner=runner, optimizer=optimizer)
             stepped = False not in verdicts
         if stepped:
@@ -78,7 +81,7 @@ class OptimizerStep:
                 scaler.step(optimizer)
             else:
                 optimizer.step()
-            if hooks.after_optimizer_step.used:
+            if self.after_step:
                 hooks.after_optimizer_step(runner=runner, optimizer=optimizer)
         if scaler is not None:
             scaler.update()

@@ -25,14 +25,16 @@ class Reporter:
         self.mark = (0.0, 0)  # (clock, completed iterations) at the previous report
         self.val_seconds = 0.0  # validation time since the previous report
         self.val_total = (0, 0.0)  # (passes, seconds) over this process's run
+        self.last = 0  # the run's last iteration, fixed when training starts
 
     def start(self, done: int) -> None:
         self.mark = (time.perf_counter(), done)
         self.val_seconds = 0.0
+        self.last = self.runner.max_iters
 
     def due(self, done: int, epoch_end: bool) -> bool:
         """Whether the iteration that completes ``done`` iterations ends with a report."""
-        return done % self.interval == 0 or epoch_end or done == self.runner.max_iters
+        return done % self.interval == 0 or epoch_end or done == self.last
 
     def keep_lrs(self) -> None:
         """Called before a reported iteration's step: its learning rates are the ones logged."""
