@@ -99,6 +99,6 @@ def test_scaffolded_plugin_passes_its_own_test_after_install(tmp_path):
             env=clean_env(HOOKRUN_PLUGINS_AUTOLOAD="0"),
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "1 passed" in proc.stdout
+        assert "2 passed" in proc.stdout  # the conformance checks and its own test
     finally:
         pip("uninstall", "-y", "hookrun-iter-counter")

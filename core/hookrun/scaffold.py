@@ -69,25 +69,31 @@ class {cls}(Plugin):
 '''
 
 TEST = '''\
-"""The plugin is found through its entry point and counts iterations."""
+"""The plugin keeps hookrun's plugin contract and counts iterations (fixtures and checks
+from hookrun.testing, the pytest plugin that comes with hookrun)."""
 
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from pathlib import Path
 
-from hookrun import Runner
+import pytest
+
+from hookrun.testing import check_plugin_conformance
+
+# only the plugins a test names load, whatever else is installed
+pytestmark = pytest.mark.usefixtures("hookrun_isolated")
+
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_{name}_counts_iterations(tmp_path):
-    data = DataLoader(TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))), batch_size=8)
-    model = nn.Linear(4, 2)
-    runner = Runner(
-        model, data, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        criterion=nn.CrossEntropyLoss(), max_epochs=2, work_dir=tmp_path, writers=(),
-        plugins={{"{name}": {{"interval": 2}}}},
-    )
+def test_{name}_keeps_the_plugin_contract(tmp_path):
+    """Documented settings, default settings, state through a real checkpoint, a run alone,
+    no imports of hookrun internals."""
+    check_plugin_conformance("{name}", tmp_path, docs_page=README)
+
+
+def test_{name}_counts_iterations(make_toy_runner):
+    runner = make_toy_runner(plugins={{"{name}": {{"interval": 2}}}})  # 2 epochs x 3 batches
     runner.train()
-    assert runner.plugins["{name}"].iterations == 8
+    assert runner.plugins["{name}"].iterations == 6
 '''
 
 README = """\
@@ -104,6 +110,10 @@ hookrun plugins list
 plugins:
   {name}: {{interval: 10}}
 ```
+
+Settings:
+
+- `interval` (int, default 10): report every this many iterations.
 
 Run its tests with `pytest tests`.
 """

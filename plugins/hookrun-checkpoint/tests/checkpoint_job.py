@@ -1,5 +1,6 @@
-"""A training job for the kill and signal tests: random augmentation, dropout, AdamW, a
-scheduler, the checkpoint plugin and a second stateful hook (``Counter``).
+"""A training job for the kill and signal tests: ``hookrun.testing``'s resume task (random
+augmentation, dropout, AdamW, a scheduler) with the checkpoint plugin and a second stateful
+hook (``Counter``).
 
 Usage: python checkpoint_job.py WORK_DIR OPTIONS_JSON
 OPTIONS: resume (bool), kill_at (SIGKILL before that iteration), kill_in_save_at (SIGKILL
@@ -12,38 +13,16 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import sys
 import time
 
-import numpy as np
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
 
 from hookrun import Runner, hookimpl
+from hookrun.testing import KillAt, resume_task_kwargs
 
 CHECKPOINT = {"by_epoch": False, "interval": 3, "max_keep": 2, "save_best": "accuracy"}
-
-
-class NoisyData(Dataset):
-    """Fixed samples plus torch, numpy and python randomness in every fetch."""
-
-    def __init__(self, n: int) -> None:
-        g = torch.Generator().manual_seed(123)
-        self.x = torch.randn(n, 8, generator=g)
-        self.y = torch.randint(0, 3, (n,), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int):
-        x = self.x[i] + 0.1 * torch.randn(8)
-        x = x + float(np.random.normal(0, 0.05))
-        if random.random() < 0.5:
-            x = x.flip(0)
-        return x, self.y[i]
 
 
 class Counter:
@@ -55,11 +34,6 @@ class Counter:
         self.options = options
         self.iters = 0
         self.loss_sum = torch.zeros((), dtype=torch.float64)
-
-    @hookimpl
-    def before_train_iter(self, runner):
-        if runner.iter == self.options.get("kill_at"):
-            os.kill(os.getpid(), signal.SIGKILL)
 
     @hookimpl
     def after_train_iter(self, runner, outputs):
@@ -81,29 +55,14 @@ class Counter:
         self.loss_sum = state["loss_sum"].clone()
 
 
-def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return (outputs.argmax(1) == targets).float().mean()
-
-
 def main(work_dir: str, options: dict) -> None:
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     runner = Runner(
-        model,
-        DataLoader(NoisyData(40), batch_size=6, shuffle=True),
-        DataLoader(NoisyData(12), batch_size=6),
-        optimizer=optimizer,
-        scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7),
-        criterion=nn.CrossEntropyLoss(),
-        metrics={"accuracy": accuracy},
-        max_epochs=3,
-        work_dir=work_dir,
-        plugins={"checkpoint": {**CHECKPOINT, **options.get("checkpoint", {})}},
-        hooks=[Counter(options)],
-        writers=("jsonl",),
-        seed=7,
+        **resume_task_kwargs(
+            work_dir,
+            plugins={"checkpoint": {**CHECKPOINT, **options.get("checkpoint", {})}},
+            hooks=[Counter(options), KillAt(options.get("kill_at"))],
+        )
     )
     runner.train(resume="auto" if options.get("resume") else None)
     runner.save_checkpoint(os.path.join(work_dir, "final.pt"))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 from typing import Any
 
 import torch
@@ -11,6 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hookrun import hookimpl
+from hookrun.testing import KillAt, SaveEvery
 
 
 def bn_mlp(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -96,26 +95,11 @@ class MixedNet(nn.Module):
         return self.tail(self.head(x).bfloat16()).float()
 
 
-class SaveEvery:
-    """Checkpoints every 5 iterations, after the average was updated (as the checkpoint plugin
-    does at priority 90), and a SIGKILL of this process after iteration ``kill_at``."""
-
-    priority = 90
-
-    def __init__(self, kill_at: int) -> None:
-        self.kill_at = kill_at
-
-    @hookimpl
-    def after_train_iter(self, runner: Any) -> None:
-        if runner.every_n_iters(5):
-            runner.save_checkpoint(runner.checkpoint_dir / f"iter_{runner.iter + 1}.pt")
-        if runner.iter == self.kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 def resume_job(work_dir: str, kill_at: int = -1) -> dict[str, Any]:
-    """24 iterations of MixedNet with the average and periodic checkpoints, resumed from the
-    newest checkpoint when there is one; returns the final average and weights."""
+    """24 iterations of MixedNet with the average and a checkpoint every 5 iterations (after
+    the average was updated, as the checkpoint plugin saves at priority 90), SIGKILLed after
+    iteration ``kill_at`` (0-based), resumed from the newest checkpoint when there is one;
+    returns the final average and weights. The harness pieces come from hookrun.testing."""
     from hookrun import Runner
 
     model = MixedNet()
@@ -131,7 +115,7 @@ def resume_job(work_dir: str, kill_at: int = -1) -> dict[str, Any]:
         plugins={
             "ema": {"decay": 0.9, "update_interval": 2, "start_iter": 3, "buffers": "average"}
         },
-        hooks=[SaveEvery(kill_at)],
+        hooks=[SaveEvery(5, epochs=False), KillAt(kill_at + 1 if kill_at >= 0 else None)],
     )
     runner.train(resume="auto")
     return {"ema": runner.plugins["ema"].state_dict(), "model": model.state_dict()}

@@ -1,4 +1,4 @@
-"""Only this plugin loads, and only when a test names it."""
+"""Only this plugin loads, and only when a test names it (``hookrun.testing``)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,5 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def only_named_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HOOKRUN_PLUGINS_AUTOLOAD", "0")
-    monkeypatch.delenv("HOOKRUN_DISABLE_PLUGINS", raising=False)
+def _isolated(hookrun_isolated: None) -> None:
+    """Other installed plugins stay out; each test enables precise_bn explicitly."""

@@ -1,0 +1,567 @@
+"""Fixtures and helpers for testing hookrun plugins: a pytest plugin (entry point ``pytest11``).
+
+pytest loads this module into every session where hookrun is installed, so importing it
+changes nothing: no autouse fixture, no environment change, no torch import (helpers import
+torch when called). A test opts in by asking for a fixture; docs/testing.md lists them all.
+``python -m hookrun.testing WORK_DIR OPTIONS_JSON`` runs :func:`resume_job` (the harness's
+subprocess).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+import pytest
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    from hookrun.runner import Runner
+
+hookimpl = pluggy.HookimplMarker("hookrun")
+"""The same marker as ``hookrun.hookimpl``, without importing hookrun's plugin machinery."""
+
+INTERNAL_MODULES = ("runner", "data", "steps", "checkpoint", "manager", "state")
+"""``hookrun.<name>`` modules a plugin must not import: the runner surface replaces them."""
+
+# -- isolation -------------------------------------------------------------------------------
+
+
+def isolated_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default ``os.environ``) with only named plugins loading, for subprocesses."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()}
+    env.pop("HOOKRUN_DISABLE_PLUGINS", None)
+    env["HOOKRUN_PLUGINS_AUTOLOAD"] = "0"
+    return env
+
+
+@pytest.fixture
+def hookrun_isolated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the plugins a test names load: other installed plugins stay out of its runs."""
+    monkeypatch.setenv("HOOKRUN_PLUGINS_AUTOLOAD", "0")
+    monkeypatch.delenv("HOOKRUN_DISABLE_PLUGINS", raising=False)
+
+
+@pytest.fixture
+def hookrun_one_thread() -> Iterator[None]:
+    """One intra-op thread for the test: tiny models run faster and steadier on shared CPUs."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def make_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Path]:
+    """Install a real distribution (module + dist-info with entry points) on a temp path.
+
+    ``make_dist(dist, module, source, entry_points)`` writes ``module.py`` from ``source`` and
+    a dist-info declaring ``entry_points`` (``{group: {name: "module:attr"}}``); the path is
+    on ``sys.path`` for this test only, so ``importlib.metadata`` finds it like a pip install.
+    """
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+
+    def make(dist: str, module: str, source: str, entry_points: dict[str, dict[str, str]]) -> Path:
+        (site / f"{module}.py").write_text(textwrap.dedent(source))
+        info = site / f"{dist.replace('-', '_')}-1.2.3.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.2.3\n")
+        lines = []
+        for group, eps in entry_points.items():
+            lines.append(f"[{group}]")
+            lines += [f"{name} = {value}" for name, value in eps.items()]
+        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        return site
+
+    return make
+
+
+# -- a tiny task -----------------------------------------------------------------------------
+
+
+def toy_data(n: int = 12, batch_size: int = 4, shuffle: bool = True, seed: int = 0) -> DataLoader:
+    """``n`` samples of 4 features and a 2-class label, the same for the same ``seed``."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    y = torch.randint(0, 2, (n,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle)
+
+
+def toy_model(batch_norm: bool = False) -> torch.nn.Module:
+    """``nn.Linear(4, 2)``, or a small MLP with a BatchNorm layer (for BN-aware plugins)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    if not batch_norm:
+        return nn.Linear(4, 2)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The fraction of rows whose arg-max is the target."""
+    return (outputs.argmax(1) == targets).float().mean()
+
+
+def toy_runner_kwargs(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+    """Runner keyword arguments: 2 epochs x 3 batches of toy data, SGD, accuracy, no writers.
+
+    ``overrides`` replace any of them; the optimizer follows an overridden ``model``.
+    """
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = overrides["model"] if "model" in overrides else toy_model()
+    kwargs: dict[str, Any] = dict(
+        model=model,
+        train_dataloader=toy_data(12, 4),
+        val_dataloader=toy_data(8, 4, shuffle=False, seed=1),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        criterion=nn.CrossEntropyLoss(),
+        metrics={"accuracy": accuracy},
+        max_epochs=2,
+        work_dir=Path(tmp_path) / "run",
+        writers=(),
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+@pytest.fixture
+def make_toy_runner(tmp_path: Path) -> Callable[..., Runner]:
+    """A factory: ``make_toy_runner(plugins=None, **overrides)`` is a Runner over the toy task
+    working in ``tmp_path / "run"`` (see :func:`toy_runner_kwargs`)."""
+    from hookrun import Runner
+
+    def make(plugins: Mapping[str, Any] | None = None, **overrides: Any) -> Runner:
+        return Runner(**toy_runner_kwargs(tmp_path, plugins=plugins, **overrides))
+
+    return make
+
+
+# -- comparing states ------------------------------------------------------------------------
+
+
+def tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of a nested state (dicts, lists, tuples), by ``/``-separated path."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, Mapping):
+        for key, value in obj.items():
+            yield from tensors(value, f"{prefix}/{key}")
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from tensors(value, f"{prefix}/{i}")
+
+
+def assert_states_equal(left: Any, right: Any, path: str = "state") -> None:
+    """Two nested states are equal: same keys and lengths, tensors equal bit for bit (dtype and
+    shape too), floats equal or both NaN, everything else ``==``; the message names the path."""
+    import torch
+
+    if isinstance(left, torch.Tensor) or isinstance(right, torch.Tensor):
+        assert isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor), path
+        assert left.dtype == right.dtype, f"{path}: dtype {left.dtype} != {right.dtype}"
+        assert left.shape == right.shape, f"{path}: shape {left.shape} != {right.shape}"
+        assert torch.equal(left, right) or (
+            left.is_floating_point() and torch.equal(left.isnan(), right.isnan())
+            and torch.equal(left.nan_to_num(), right.nan_to_num())
+        ), f"{path}: values differ"  # fmt: skip
+    elif isinstance(left, Mapping):
+        assert isinstance(right, Mapping), f"{path}: {type(right).__name__} is not a mapping"
+        assert list(left) == list(right), f"{path}: keys {list(left)} != {list(right)}"
+        for key in left:
+            assert_states_equal(left[key], right[key], f"{path}[{key!r}]")
+    elif isinstance(left, (list, tuple)):
+        assert isinstance(right, (list, tuple)), f"{path}: {type(right).__name__} is no sequence"
+        assert len(left) == len(right), f"{path}: length {len(left)} != {len(right)}"
+        for i, (a, b) in enumerate(zip(left, right, strict=True)):
+            assert_states_equal(a, b, f"{path}[{i}]")
+    elif isinstance(left, float) and isinstance(right, float) and math.isnan(left):
+        assert math.isnan(right), f"{path}: nan != {right}"
+    else:
+        assert left == right, f"{path}: {left!r} != {right!r}"
+
+
+def assert_same_checkpoint(
+    a: str | Path, b: str | Path, min_tensors: int = 10, plugins: Iterable[str] = ()
+) -> None:
+    """Two checkpoint files hold the same training state: every tensor (weights, optimizer,
+    RNGs, plugin tensors) bit for bit, the loop position, the scheduler and the iteration;
+    the whole state of each plugin in ``plugins`` too (others may hold timings)."""
+    import torch
+
+    left = torch.load(a, weights_only=True)
+    right = torch.load(b, weights_only=True)
+    left_t, right_t = dict(tensors(left)), dict(tensors(right))
+    assert left_t.keys() == right_t.keys()
+    assert len(left_t) > min_tensors, f"only {len(left_t)} tensors in {a}"
+    for key, value in left_t.items():
+        assert torch.equal(value, right_t[key]), key
+    assert left["loop"] == right["loop"]
+    assert (left["meta"]["epoch"], left["meta"]["iter"]) == (
+        right["meta"]["epoch"],
+        right["meta"]["iter"],
+    )
+    assert left.get("scheduler") == right.get("scheduler")
+    for name in plugins:
+        assert_states_equal(left["plugins"][name], right["plugins"][name], f"plugins[{name!r}]")
+
+
+# -- the kill-and-resume harness -------------------------------------------------------------
+
+
+class NoisyData:
+    """A map-style dataset drawing from the torch, numpy and python generators on every
+    fetch (augmentation), so an exact resume must restore all three."""
+
+    def __init__(self, n: int, features: int = 8, classes: int = 3) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(123)
+        self.x = torch.randn(n, features, generator=g)
+        self.y = torch.randint(0, classes, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import random
+
+        import numpy as np
+        import torch
+
+        x = self.x[i] + 0.1 * torch.randn(self.x.shape[1])
+        x = x + float(np.random.normal(0, 0.05))
+        if random.random() < 0.5:
+            x = x.flip(0)
+        return x, self.y[i]
+
+
+def resume_task_kwargs(work_dir: str | Path, workers: int = 0, **overrides: Any) -> dict[str, Any]:
+    """Runner keyword arguments of a task with every state a resume must restore: RNG
+    augmentation (:class:`NoisyData`), dropout, AdamW moments, a StepLR schedule; 3 epochs of
+    7 batches (40 samples, batch 6), validation each epoch, a JSONL log, seed 7."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    data: Dataset = NoisyData(40)  # type: ignore[assignment]
+    val: Dataset = NoisyData(12)  # type: ignore[assignment]
+    kwargs: dict[str, Any] = dict(
+        model=model,
+        train_dataloader=DataLoader(data, batch_size=6, shuffle=True, num_workers=workers),
+        val_dataloader=DataLoader(val, batch_size=6),
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7),
+        criterion=nn.CrossEntropyLoss(),
+        metrics={"accuracy": accuracy},
+        max_epochs=3,
+        work_dir=str(work_dir),
+        writers=("jsonl",),
+        seed=7,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+class KillAt:
+    """Ad-hoc hook: SIGKILLs this process once ``iters`` iterations ran, i.e. as iteration
+    ``iters`` (0-based) is about to start, after every hook of the iterations before it
+    (saves, validation) finished. ``None`` or a negative number: never."""
+
+    priority = 0  # before any other before_train_iter
+
+    def __init__(self, iters: int | None) -> None:
+        self.iters = iters
+
+    @hookimpl
+    def before_train_iter(self, runner: Any) -> None:
+        if self.iters is not None and self.iters >= 0 and runner.iter == self.iters:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SaveEvery:
+    """Ad-hoc hook: ``iter_<n>.pt`` every ``interval`` iterations and ``epoch_<n>.pt`` at each
+    epoch end (when ``epochs``) in the checkpoint folder, after the other iteration hooks."""
+
+    def __init__(self, interval: int, epochs: bool = True, priority: int = 90) -> None:
+        self.interval, self.epochs, self.priority = interval, epochs, priority
+
+    @hookimpl
+    def after_train_iter(self, runner: Any) -> None:
+        if self.interval and runner.every_n_iters(self.interval):
+            runner.save_checkpoint(runner.checkpoint_dir / f"iter_{runner.iter + 1}.pt")
+
+    @hookimpl
+    def after_train_epoch(self, runner: Any) -> None:
+        if self.epochs:
+            runner.save_checkpoint(runner.checkpoint_dir / f"epoch_{runner.epoch + 1}.pt")
+
+
+def resume_job(
+    work_dir: str | Path,
+    plugins: Mapping[str, Any] | None = None,
+    kill_at: int | None = None,
+    resume: bool = False,
+    workers: int = 0,
+    save_every: int = 2,
+    **overrides: Any,
+) -> Runner:
+    """Train the resume task (:func:`resume_task_kwargs`) with ``plugins`` in this process,
+    saving every ``save_every`` iterations and each epoch (:class:`SaveEvery`), SIGKILLed
+    once ``kill_at`` iterations ran (:class:`KillAt`); ``resume=True`` continues from the
+    newest checkpoint. Writes ``work_dir/final.pt`` at the end and returns the runner.
+    Sets one intra-op thread (restore it when calling this inside a test process)."""
+    import torch
+
+    from hookrun import Runner
+
+    torch.set_num_threads(1)  # the same arithmetic in every process, whatever its threads
+    hooks = [SaveEvery(save_every), KillAt(kill_at), *overrides.pop("hooks", ())]
+    kwargs = resume_task_kwargs(work_dir, workers, plugins=dict(plugins or {}), hooks=hooks)
+    kwargs.update(overrides)
+    runner = Runner(**kwargs)
+    runner.train(resume="auto" if resume else None)
+    runner.save_checkpoint(Path(work_dir) / "final.pt")
+    return runner
+
+
+def run_job(
+    command: Iterable[str | Path],
+    expect: int = 0,
+    timeout: float = 240,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` (a Python script or module after ``sys.executable``) in a fresh process
+    with only named plugins loading; assert its exit status is ``expect`` (``-signal.SIGKILL``
+    for a killed job) and return it with its captured output."""
+    proc = subprocess.run(
+        [sys.executable, *map(str, command)],
+        env=isolated_env(env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == expect, (
+        f"exit status {proc.returncode}, expected {expect}\n{proc.stdout[-3000:]}\n"
+        f"{proc.stderr[-3000:]}"
+    )
+    return proc
+
+
+def run_resume_job(
+    work_dir: str | Path, expect: int = 0, timeout: float = 240, **options: Any
+) -> subprocess.CompletedProcess[str]:
+    """:func:`resume_job` with JSON-able ``options`` in a fresh process (``python -m
+    hookrun.testing``), through :func:`run_job`."""
+    command = ["-m", "hookrun.testing", str(work_dir), json.dumps(options)]
+    return run_job(command, expect=expect, timeout=timeout)
+
+
+def check_kill_and_resume(
+    tmp_path: str | Path,
+    kill_at: int = 11,
+    reference: str | Path | None = None,
+    exact_plugins: Iterable[str] = (),
+    **options: Any,
+) -> Path:
+    """The kill-and-resume test: a run SIGKILLed once ``kill_at`` iterations ran, resumed
+    with ``resume="auto"``, ends with the same state as a run never interrupted
+    (:func:`assert_same_checkpoint`; ``exact_plugins`` also compare whole plugin states).
+
+    ``options`` go to :func:`resume_job` (``plugins``, ``workers``, ``save_every``, ...);
+    ``reference`` is an uninterrupted run's ``final.pt`` (run here when not given). Returns
+    the resumed run's work dir.
+    """
+    tmp_path = Path(tmp_path)
+    if reference is None:
+        run_resume_job(tmp_path / "reference", **options)
+        reference = tmp_path / "reference" / "final.pt"
+    crashed = tmp_path / "crashed"
+    run_resume_job(crashed, expect=-signal.SIGKILL, kill_at=kill_at, **options)
+    assert not (crashed / "final.pt").exists()
+    run_resume_job(crashed, resume=True, **options)
+    assert_same_checkpoint(reference, crashed / "final.pt", plugins=exact_plugins)
+    return crashed
+
+
+@pytest.fixture
+def kill_and_resume(tmp_path: Path) -> Callable[..., Path]:
+    """:func:`check_kill_and_resume` working in this test's ``tmp_path``."""
+
+    def check(**options: Any) -> Path:
+        return check_kill_and_resume(tmp_path, **options)
+
+    return check
+
+
+# -- plugin conformance ----------------------------------------------------------------------
+
+
+def plugin_class(name: str) -> type:
+    """The installed plugin class registered as ``name`` in the ``hookrun.plugins`` group."""
+    from hookrun.discovery import installed_plugins
+
+    found = installed_plugins()
+    assert name in found, f"no installed plugin {name!r} (installed: {sorted(found)})"
+    return found[name].entry_point.load()
+
+
+def check_settings_described(name: str) -> None:
+    """Every settings field has a non-empty ``description``."""
+    fields = plugin_class(name).Settings.model_fields
+    missing = [f for f, info in fields.items() if not (info.description or "").strip()]
+    assert not missing, f"{name}: settings without a description: {missing}"
+
+
+def check_docs_page(name: str, page: str | Path) -> None:
+    """The plugin's documentation page exists and mentions every settings field by name."""
+    page = Path(page)
+    assert page.is_file(), f"{name}: no documentation page {page}"
+    text = page.read_text(encoding="utf-8")
+    fields = plugin_class(name).Settings.model_fields
+    missing = [f for f in fields if f not in text]
+    assert not missing, f"{name}: {page} does not mention {missing}"
+
+
+def check_default_settings(name: str) -> None:
+    """``Settings()`` constructs, and the plugin constructs from it."""
+    cls = plugin_class(name)
+    settings = cls.Settings()
+    assert cls(settings).settings == settings
+
+
+def _train_alone(name: str, tmp_path: Path) -> Runner:
+    """A toy run (with a BatchNorm layer) with only ``name`` enabled, at default settings."""
+    from hookrun import Runner
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOOKRUN_PLUGINS_AUTOLOAD", "0")
+        patch.delenv("HOOKRUN_DISABLE_PLUGINS", raising=False)
+        kwargs = toy_runner_kwargs(Path(tmp_path), model=toy_model(batch_norm=True))
+        runner = Runner(**kwargs, plugins={name: {}})
+        runner.train()
+    return runner
+
+
+def check_works_alone(name: str, tmp_path: str | Path) -> None:
+    """A run with only this plugin enabled (autoload off) trains to the end."""
+    runner = _train_alone(name, Path(tmp_path))
+    assert list(runner.plugins) == [name]
+    assert (runner.epoch, runner.iter) == (2, 6), "the run stopped early"
+
+
+def check_state_round_trip(name: str, tmp_path: str | Path) -> None:
+    """The plugin's state survives a real checkpoint file: saved after a toy run, loaded with
+    ``weights_only=True``, given to a fresh instance, which reports the same state."""
+    import torch
+
+    cls = plugin_class(name)
+    if not (hasattr(cls, "state_dict") and hasattr(cls, "load_state_dict")):
+        pytest.skip(f"{name} keeps no state")
+    runner = _train_alone(name, Path(tmp_path))
+    path = runner.save_checkpoint(Path(tmp_path) / "conformance.pt")
+    saved = torch.load(path, weights_only=True)["plugins"][name]
+    fresh = cls(cls.Settings())
+    fresh.load_state_dict(saved)
+    assert_states_equal(fresh.state_dict(), saved, f"{name}.state_dict()")
+
+
+def plugin_source_files(name: str) -> list[Path]:
+    """The ``.py`` files of the package that holds the plugin (found without importing it)."""
+    from hookrun.discovery import installed_plugins
+
+    top = installed_plugins()[name].value.split(":")[0].split(".")[0]
+    spec = importlib.util.find_spec(top)
+    assert spec is not None, f"{name}: cannot find package {top!r}"
+    if spec.submodule_search_locations:
+        return sorted(p for d in spec.submodule_search_locations for p in Path(d).rglob("*.py"))
+    return [Path(spec.origin)] if spec.origin else []
+
+
+def internal_imports(source: str) -> list[str]:
+    """The ``hookrun.<internal>`` modules a Python source imports, in any spelling."""
+    found = []
+    internal = {f"hookrun.{m}" for m in INTERNAL_MODULES}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for module in modules:
+            parts = module.split(".")
+            if len(parts) >= 2 and ".".join(parts[:2]) in internal:
+                found.append(f"line {node.lineno}: {'.'.join(parts[:2])}")
+    return sorted(set(found))
+
+
+def check_no_internal_imports(name: str) -> None:
+    """The plugin's package imports nothing from hookrun's internals (runner, data, steps,
+    checkpoint, manager, state): the runner surface and ``hookrun``'s exports are its API."""
+    problems = [
+        f"{path}: {hit}"
+        for path in plugin_source_files(name)
+        for hit in internal_imports(path.read_text(encoding="utf-8"))
+    ]
+    assert not problems, f"{name} imports hookrun internals:\n" + "\n".join(problems)
+
+
+CONFORMANCE_CHECKS: dict[str, Callable[..., None]] = {
+    "settings_described": lambda name, tmp_path, docs_page: check_settings_described(name),
+    "docs_page": lambda name, tmp_path, docs_page: check_docs_page(name, docs_page),
+    "default_settings": lambda name, tmp_path, docs_page: check_default_settings(name),
+    "state_round_trip": lambda name, tmp_path, docs_page: check_state_round_trip(name, tmp_path),
+    "works_alone": lambda name, tmp_path, docs_page: check_works_alone(name, tmp_path),
+    "no_internal_imports": lambda name, tmp_path, docs_page: check_no_internal_imports(name),
+}
+"""Every conformance check by name, each called as ``check(name, tmp_path, docs_page)``."""
+
+
+def check_plugin_conformance(
+    name: str, tmp_path: str | Path, docs_page: str | Path | None = None
+) -> None:
+    """Run every conformance check on the installed plugin ``name``; the docs page check only
+    when ``docs_page`` is given. The first failing check fails the test."""
+    for check, run in CONFORMANCE_CHECKS.items():
+        if check == "docs_page" and docs_page is None:
+            continue
+        if check == "state_round_trip":
+            cls = plugin_class(name)
+            if not (hasattr(cls, "state_dict") and hasattr(cls, "load_state_dict")):
+                continue
+        run(name, Path(tmp_path) / check, docs_page)
+
+
+if __name__ == "__main__":
+    resume_job(sys.argv[1], **json.loads(sys.argv[2]))
