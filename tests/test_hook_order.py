@@ -172,3 +172,28 @@ def test_outputs_hold_detached_losses_with_loss_first(tmp_path):
     assert all(not v.requires_grad for v in seen[0].values())
     assert torch.allclose(seen[0]["loss"], seen[0]["ce"] + seen[0]["reg"])
     assert set(runner.last_metrics["val"]) == {"acc"}
+
+
+def test_every_val_and_test_hook_sees_eval_mode_and_training_hooks_train_mode(tmp_path):
+    modes: list[tuple[str, bool]] = []
+
+    def _mode(hook: str):
+        def method(self, runner):
+            modes.append((hook, runner.unwrapped_model.training))
+
+        method.__name__ = hook
+        return hookimpl(method)
+
+    watched = [h for h in RECORDED if "_val" in h or "_test" in h or "train" in h]
+    Watcher = type("Watcher", (), {h: _mode(h) for h in watched})
+    runner = Runner(
+        **toy_runner_kwargs(tmp_path, hooks=[Watcher()], test_dataloader=toy_data(8, 4, False))
+    )
+    runner.train()
+    runner.val()
+    runner.test()
+    evaluation = [m for h, m in modes if "_val" in h or "_test" in h]
+    training = [m for h, m in modes if "train" in h and h not in ("before_train", "after_train")]
+    assert len(evaluation) == 2 * 8 + 8 + 8  # two validations in train(), val(), test()
+    assert not any(evaluation)
+    assert all(training) and len(training) == 2 * (2 + 2 * 3)
