@@ -32,6 +32,7 @@ _EXPORTS = {
     "Phase": "hookrun.loop",
     "HookStats": "hookrun.manager",
     "mix_seed": "hookrun.data",
+    "loader_options": "hookrun.data",
     "atomic_write_text": "hookrun.checkpoint",
 }
 
@@ -39,6 +40,7 @@ __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
     from hookrun.checkpoint import atomic_write_text as atomic_write_text
+    from hookrun.data import loader_options as loader_options
     from hookrun.data import mix_seed as mix_seed
     from hookrun.direction import better as better
     from hookrun.direction import metric_rule as metric_rule

@@ -121,17 +121,8 @@ class ResumableLoader:
         self.loader = DataLoader(
             SeededDataset(loader.dataset) if workers > 0 else loader.dataset,
             batch_sampler=self.batches,
-            num_workers=workers,
-            collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory,
-            timeout=loader.timeout,
-            worker_init_fn=loader.worker_init_fn,
-            multiprocessing_context=loader.multiprocessing_context,
             generator=torch.Generator().manual_seed(mix_seed(seed, -1)),
-            prefetch_factor=loader.prefetch_factor if workers > 0 else None,
-            persistent_workers=loader.persistent_workers,
-            pin_memory_device=loader.pin_memory_device,
-            in_order=getattr(loader, "in_order", True),
+            **loader_options(loader),
         )
 
     @property
@@ -145,6 +136,24 @@ class ResumableLoader:
         self.batches.epoch = epoch
         self.batches.skip = skip
         return iter(self.loader)
+
+
+def loader_options(loader: DataLoader) -> dict[str, Any]:
+    """What a ``DataLoader`` rebuilt over the same dataset keeps of ``loader``: collation,
+    workers, pinning, timeouts (its sampling and generator are the rebuilder's own)."""
+    workers = loader.num_workers
+    return {
+        "num_workers": workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "prefetch_factor": loader.prefetch_factor if workers > 0 else None,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory_device": loader.pin_memory_device,
+        "in_order": getattr(loader, "in_order", True),
+    }
 
 
 class PlainLoader:

@@ -30,6 +30,7 @@ from hookrun import (
     RunnerProtocol,
     dist,
     hookimpl,
+    loader_options,
     mix_seed,
 )
 
@@ -184,15 +185,7 @@ def training_batches(
                 f"(a DataLoader or a list of batches), got {type(loader).__name__}"
             )
         return itertools.islice(iter(loader), num_batches)
-    options: dict[str, Any] = {
-        "collate_fn": loader.collate_fn,
-        "num_workers": loader.num_workers,
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "generator": torch.Generator().manual_seed(seed),
-    }
+    options = {**loader_options(loader), "generator": torch.Generator().manual_seed(seed)}
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset):
         own = DataLoader(
