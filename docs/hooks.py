@@ -79,7 +79,7 @@ def _cell(text: str) -> str:
 def hook_reference() -> str:
     """Every hook point, in declaration order, with its signature and docstring."""
     from hookrun import hookspecs
-    from hookrun.manager import hook_arguments, hook_points
+    from hookrun.dispatch import hook_arguments, hook_points
 
     parts = []
     for name in hook_points():

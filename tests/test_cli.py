@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hookrun.discovery import installed_plugins
-from hookrun.manager import hook_points
+from hookrun.dispatch import hook_points
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits" / "config.yaml"

@@ -8,8 +8,9 @@ import sys
 import pytest
 
 from hookrun import Priority, Runner, hookimpl
+from hookrun.dispatch import HookCaller, HookStats, Impl
 from hookrun.errors import PluginError
-from hookrun.manager import HookCaller, HookStats, Impl, PluginManager
+from hookrun.manager import PluginManager
 from hookrun_testutil import toy_runner_kwargs
 
 

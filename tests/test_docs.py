@@ -16,7 +16,7 @@ import pytest
 from hookrun import hookspecs
 from hookrun.config import Config, RunnerConfig
 from hookrun.discovery import installed_plugins
-from hookrun.manager import hook_arguments, hook_points
+from hookrun.dispatch import hook_arguments, hook_points
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

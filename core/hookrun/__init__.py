@@ -30,7 +30,7 @@ _EXPORTS = {
     "RunnerProtocol": "hookrun.surface",
     "LoopPosition": "hookrun.loop",
     "Phase": "hookrun.loop",
-    "HookStats": "hookrun.manager",
+    "HookStats": "hookrun.dispatch",
     "mix_seed": "hookrun.data",
     "loader_options": "hookrun.data",
     "atomic_write_text": "hookrun.checkpoint",
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from hookrun.data import mix_seed as mix_seed
     from hookrun.direction import better as better
     from hookrun.direction import metric_rule as metric_rule
+    from hookrun.dispatch import HookStats as HookStats
     from hookrun.dist import rank_zero_only as rank_zero_only
     from hookrun.errors import CheckpointError as CheckpointError
     from hookrun.errors import ConfigError as ConfigError
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
     from hookrun.errors import PluginError as PluginError
     from hookrun.loop import LoopPosition as LoopPosition
     from hookrun.loop import Phase as Phase
-    from hookrun.manager import HookStats as HookStats
     from hookrun.plugin import Plugin as Plugin
     from hookrun.plugin import PluginSettings as PluginSettings
     from hookrun.plugin import Priority as Priority

@@ -13,7 +13,8 @@ import pluggy
 
 from hookrun import hookspecs
 from hookrun.discovery import EntryPointInfo
-from hookrun.manager import check_hookimpls, hook_arguments, hook_points
+from hookrun.dispatch import hook_arguments, hook_points
+from hookrun.manager import check_hookimpls
 from hookrun.plugin import parse_priority
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookrun.manager import Hooks
+from hookrun.dispatch import Hooks
 from hookrun.scalars import ScalarStore
 
 

@@ -20,10 +20,11 @@ from hookrun import dist
 from hookrun import state as run_state
 from hookrun.arguments import check_arguments, resolve_device
 from hookrun.data import make_loader, seed_all, shard_sampler, train_sampler
+from hookrun.dispatch import HookStats
 from hookrun.errors import CheckpointError, ConfigError
 from hookrun.loop import LoopPosition, ValidationSchedule
 from hookrun.loops import TrainLoop, evaluate
-from hookrun.manager import HookStats, PluginManager
+from hookrun.manager import PluginManager
 from hookrun.optim_step import OptimizerStep
 from hookrun.reporting import Reporter
 from hookrun.scalars import ScalarStore

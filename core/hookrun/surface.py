@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from torch import nn
 
+    from hookrun.dispatch import HookStats
     from hookrun.loop import LoopPosition, ValidationSchedule
-    from hookrun.manager import HookStats
     from hookrun.scalars import ScalarStore
     from hookrun.writers import Writer
 
