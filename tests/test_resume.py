@@ -12,11 +12,14 @@ import torch
 from hookrun import Runner
 from hookrun.errors import CheckpointError
 from hookrun.testing import (
+    assert_same_checkpoint,
     check_kill_and_resume,
     resume_job,
     run_resume_job,
     toy_runner_kwargs,
 )
+
+assert_identical = assert_same_checkpoint  # the name tests/test_distributed.py imports
 
 # The resume task: 40 samples / batch 6 = 7 iterations per epoch, 3 epochs, iter_<n>.pt every
 # 2 iterations and epoch_<n>.pt at each epoch end.

@@ -10,43 +10,20 @@ from typing import Any
 
 import pytest
 import torch
+from checkpoint_testing import EpochTeller, ScriptedModel
 from rich.console import Console
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hookrun import Runner, hookimpl
+from hookrun import Runner
 from hookrun.testing import assert_same_checkpoint
+
+__all__ = ["EpochTeller", "ScriptedModel"]  # also importable from here, as before
 
 
 @pytest.fixture(autouse=True)
 def _isolated(hookrun_isolated: None, hookrun_one_thread: None) -> None:
     """Other installed plugins stay out; each test enables the checkpoint plugin explicitly.
     Tiny models run faster, and steadier on a shared machine, with one intra-op thread."""
-
-
-class ScriptedModel(nn.Module):
-    """A linear regression whose validation reports ``accuracy = scores[completed epochs]``."""
-
-    def __init__(self, scores: list[float]) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 1)
-        self.scores = scores
-        self.epoch = 0
-
-    def training_step(self, batch: Any) -> torch.Tensor:
-        x, y = batch
-        return (self.linear(x).squeeze(1) - y).pow(2).mean()
-
-    def validation_step(self, batch: Any) -> dict[str, torch.Tensor]:
-        return {"accuracy": torch.tensor(self.scores[self.epoch - 1])}
-
-
-class EpochTeller:
-    """Tells the model how many epochs are complete before each validation."""
-
-    @hookimpl
-    def before_val(self, runner: Any) -> None:
-        runner.unwrapped_model.epoch = runner.epoch
 
 
 @pytest.fixture
