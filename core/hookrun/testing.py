@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import torch
     from torch.utils.data import DataLoader, Dataset
 
+    from hookrun.plugin import Plugin
     from hookrun.runner import Runner
 
 hookimpl = pluggy.HookimplMarker("hookrun")
@@ -427,13 +428,14 @@ def kill_and_resume(tmp_path: Path) -> Callable[..., Path]:
 # -- plugin conformance ----------------------------------------------------------------------
 
 
-def plugin_class(name: str) -> type:
+def plugin_class(name: str) -> type[Plugin[Any]]:
     """The installed plugin class registered as ``name`` in the ``hookrun.plugins`` group."""
     from hookrun.discovery import installed_plugins
 
     found = installed_plugins()
     assert name in found, f"no installed plugin {name!r} (installed: {sorted(found)})"
-    return found[name].entry_point.load()
+    cls: type[Plugin[Any]] = found[name].entry_point.load()
+    return cls
 
 
 def check_settings_described(name: str) -> None:
@@ -491,7 +493,7 @@ def check_state_round_trip(name: str, tmp_path: str | Path) -> None:
     runner = _train_alone(name, Path(tmp_path))
     path = runner.save_checkpoint(Path(tmp_path) / "conformance.pt")
     saved = torch.load(path, weights_only=True)["plugins"][name]
-    fresh = cls(cls.Settings())
+    fresh: Any = cls(cls.Settings())  # state_dict/load_state_dict are optional, so untyped
     fresh.load_state_dict(saved)
     assert_states_equal(fresh.state_dict(), saved, f"{name}.state_dict()")
 
