@@ -102,3 +102,20 @@ def test_scaffolded_plugin_passes_its_own_test_after_install(tmp_path):
         assert "2 passed" in proc.stdout  # the conformance checks and its own test
     finally:
         pip("uninstall", "-y", "hookrun-iter-counter")
+
+
+def test_pytest_plugin_changes_nothing_for_tests_that_do_not_ask(tmp_path):
+    """hookrun.testing is loaded into every pytest run (entry point pytest11): a test using
+    none of its fixtures sees no environment change, no torch and no runner imported."""
+    (tmp_path / "test_plain.py").write_text(
+        "import os, sys\n"
+        "def test_untouched(request):\n"
+        "    assert request.config.pluginmanager.has_plugin('hookrun')\n"
+        "    assert not any(k.startswith('HOOKRUN_') for k in os.environ)\n"
+        "    assert 'torch' not in sys.modules and 'hookrun.runner' not in sys.modules\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_plain.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=clean_env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from hookrun.plugin import Plugin
     from hookrun.runner import Runner
 
-hookimpl = pluggy.HookimplMarker("hookrun")
+_hookimpl = pluggy.HookimplMarker("hookrun")
 """The same marker as ``hookrun.hookimpl``, without importing hookrun's plugin machinery."""
 
 INTERNAL_MODULES = ("runner", "data", "steps", "checkpoint", "manager", "state")
@@ -43,7 +43,7 @@ INTERNAL_MODULES = ("runner", "data", "steps", "checkpoint", "manager", "state")
 
 def isolated_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (default ``os.environ``) with only named plugins loading, for subprocesses."""
-    env = {k: v for k, v in (os.environ if base is None else base).items()}
+    env = dict(os.environ if base is None else base)
     env.pop("HOOKRUN_DISABLE_PLUGINS", None)
     env["HOOKRUN_PLUGINS_AUTOLOAD"] = "0"
     return env
@@ -302,7 +302,7 @@ class KillAt:
     def __init__(self, iters: int | None) -> None:
         self.iters = iters
 
-    @hookimpl
+    @_hookimpl
     def before_train_iter(self, runner: Any) -> None:
         if self.iters is not None and self.iters >= 0 and runner.iter == self.iters:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -315,12 +315,12 @@ class SaveEvery:
     def __init__(self, interval: int, epochs: bool = True, priority: int = 90) -> None:
         self.interval, self.epochs, self.priority = interval, epochs, priority
 
-    @hookimpl
+    @_hookimpl
     def after_train_iter(self, runner: Any) -> None:
         if self.interval and runner.every_n_iters(self.interval):
             runner.save_checkpoint(runner.checkpoint_dir / f"iter_{runner.iter + 1}.pt")
 
-    @hookimpl
+    @_hookimpl
     def after_train_epoch(self, runner: Any) -> None:
         if self.epochs:
             runner.save_checkpoint(runner.checkpoint_dir / f"epoch_{runner.epoch + 1}.pt")
