@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from rich.console import Console
@@ -30,6 +30,9 @@ from hookrun.reporting import Reporter
 from hookrun.scalars import ScalarStore
 from hookrun.steps import check_convention, to_device
 from hookrun.writers import Writer, open_writers, resolve_writers
+
+if TYPE_CHECKING:
+    from hookrun.surface import RunnerProtocol
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -392,3 +395,10 @@ class Runner:
             metrics = evaluate(self, loader, mode, hooks=True)
             self.hooks.after_run(runner=self)
         return metrics
+
+
+if TYPE_CHECKING:
+
+    def _offers_the_plugin_surface(runner: Runner) -> RunnerProtocol:
+        """mypy checks here that the Runner is everything plugins are promised."""
+        return runner
