@@ -32,7 +32,7 @@ def model() -> nn.Module:
     )
 
 
-PLUGINS = {"timer": {"warmup": 1, "window": 3}, "logger": {"interval": 6}}
+PLUGINS = {"timer": {"warmup": 1, "window": 3}, "logger": {}}
 
 
 class Job:
@@ -79,6 +79,7 @@ def main() -> None:
         criterion=nn.CrossEntropyLoss(),
         metrics={"accuracy": lambda out, y: (out.argmax(1) == y).float().mean()},
         max_epochs=3,
+        log_interval=6,
         work_dir=args.work_dir,
         writers=("tensorboard", "jsonl") if args.with_plugins else ("tensorboard",),
         plugins=PLUGINS

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ScriptedModel
+from checkpoint_testing import ScriptedModel
 
 from hookrun import ConfigError, HookrunError
 
