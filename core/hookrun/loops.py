@@ -80,17 +80,22 @@ class TrainLoop:
         move = device.type != "cpu"  # loaders yield CPU tensors; moving them to CPU is a no-op
         by_iters = not runner.by_epoch  # only iteration-based runs validate or end mid-epoch
         reporter, schedule = runner.reporter, runner.validation_schedule
+        interval, last = reporter.interval, reporter.last
         step = TrainStep(runner, per_epoch)
+        before_iter = hooks.before_train_iter if hooks.before_train_iter.used else None
+        after_iter = hooks.after_train_iter if hooks.after_train_iter.used else None
         for batch_idx, batch in enumerate(self.loader.epoch_iter(pos.epoch, skip), start=skip):
             if move:
                 batch = to_device(batch, device)
-            hooks.before_train_iter(runner=runner, batch_idx=batch_idx, batch=batch)
+            if before_iter is not None:
+                before_iter(runner=runner, batch_idx=batch_idx, batch=batch)
             done = pos.iter + 1
-            report = reporter.due(done, batch_idx + 1 == per_epoch)
+            report = done % interval == 0 or batch_idx + 1 == per_epoch or done == last
             if report:
                 reporter.keep_lrs()
             outputs = step(batch, batch_idx)
-            hooks.after_train_iter(runner=runner, batch_idx=batch_idx, batch=batch, outputs=outputs)
+            if after_iter is not None:
+                after_iter(runner=runner, batch_idx=batch_idx, batch=batch, outputs=outputs)
             pos.iter_ending = False
             if report:
                 reporter.report(done)
@@ -127,29 +132,49 @@ class TrainStep:
     def __init__(self, runner: Any, per_epoch: int) -> None:
         self.runner = runner
         self.per_epoch = per_epoch
-        self.optim = runner.optimizer_step
+        self.optim = optim = runner.optimizer_step
         self.plain = runner.amp is None and runner.world_size == 1  # no context managers
         self.step = getattr(runner.unwrapped_model, "training_step", None)
+        self.optimizer = runner.optimizer
+        self.put = runner.scalars.put
+        # The common case takes its step inline: each Python frame costs about a
+        # microsecond between torch ops, a few percent of a small model's step.
+        self.fast = self.plain and optim.simple() and not self.step_scheduler()
+
+    def step_scheduler(self) -> bool:
+        runner = self.runner
+        return runner.scheduler is not None and runner.scheduler_interval == "iter"
 
     def __call__(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
-        runner, optim = self.runner, self.optim
-        boundary = (batch_idx + 1) % optim.grad_accum == 0 or batch_idx + 1 == self.per_epoch
+        runner = self.runner
         model, module = runner.model, runner.unwrapped_model
-        if self.plain:
+        if self.fast:  # OptimizerStep.backward and .step with nothing to do around them
             losses = training_losses(model, module, self.step, runner.criterion, batch)
-            optim.backward(losses["loss"])
+            losses["loss"].backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         else:
-            with optim.sync_context(boundary):
-                with runner.autocast():
-                    losses = training_losses(model, module, self.step, runner.criterion, batch)
+            optim = self.optim
+            boundary = (batch_idx + 1) % optim.grad_accum == 0 or batch_idx + 1 == self.per_epoch
+            if self.plain:
+                losses = training_losses(model, module, self.step, runner.criterion, batch)
                 optim.backward(losses["loss"])
-        if boundary:
-            optim.step()
+            else:
+                with optim.sync_context(boundary):
+                    with runner.autocast():
+                        losses = training_losses(model, module, self.step, runner.criterion, batch)
+                    optim.backward(losses["loss"])
+            if boundary:
+                optim.step()
         pos = runner.position
         pos.batch = batch_idx + 1
         pos.iter += 1
         pos.phase = Phase.TRAIN
         pos.iter_ending = True
+        if len(losses) == 1:
+            loss = losses["loss"].detach()
+            self.put("train/loss", loss)
+            return {"loss": loss}
         outputs = {name: value.detach() for name, value in losses.items()}
         runner.scalars.update(outputs, prefix="train/")
         return outputs

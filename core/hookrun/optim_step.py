@@ -43,6 +43,16 @@ class OptimizerStep:
         self.before_step = hooks.before_optimizer_step.used
         self.after_step = hooks.after_optimizer_step.used
 
+    def simple(self) -> bool:
+        """Whether a step is only ``backward``, ``step`` and ``zero_grad``: fp32, every batch
+        a step, no clipping and nothing implementing the four hook points."""
+        return (
+            self.scaler is None
+            and self.grad_accum == 1
+            and not self.clip_grad
+            and not (self.around_backward or self.before_step or self.after_step)
+        )
+
     def sync_context(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
         """DDP's ``no_sync`` inside an accumulation group: gradients are reduced once, at
         the boundary."""

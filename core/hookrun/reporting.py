@@ -1,6 +1,7 @@
 """Training reports, owned by the core: every ``log_interval`` iterations, at each epoch's
-end and after the last iteration, the scalar store is read once (one host transfer) and
-``train/*`` goes to every writer, then ``after_report`` lets plugins render it.
+end and after the last iteration (the loop decides, inline), the scalar store is read once
+(one host transfer) and ``train/*`` goes to every writer, then ``after_report`` lets plugins
+render it.
 
 Between reports an iteration costs one integer check: tensors stay on the device.
 """
@@ -31,10 +32,6 @@ class Reporter:
         self.mark = (time.perf_counter(), done)
         self.val_seconds = 0.0
         self.last = self.runner.max_iters
-
-    def due(self, done: int, epoch_end: bool) -> bool:
-        """Whether the iteration that completes ``done`` iterations ends with a report."""
-        return done % self.interval == 0 or epoch_end or done == self.last
 
     def keep_lrs(self) -> None:
         """Called before a reported iteration's step: its learning rates are the ones logged."""

@@ -214,7 +214,9 @@ class Checkpoint(Plugin):
         due = not s.by_epoch and (
             runner.every_n_iters(s.interval) or (s.save_last and runner.is_last_iter())
         )
-        self._save_and_maybe_stop(runner, due)
+        signals = self.signals  # checked inline: this runs every iteration
+        if due or signals.signum is not None or signals.group is not None:
+            self._save_and_maybe_stop(runner, due)
 
     @hookimpl
     def after_train_epoch(self, runner: RunnerProtocol) -> None:

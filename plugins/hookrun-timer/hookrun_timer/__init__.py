@@ -258,7 +258,9 @@ class Segment:
         """Data time: since the previous iteration ended, less the hooks run in between."""
         data = time.perf_counter() - self.mark - (self.stats.total - self.hooks_mark)
         self.data_now = data if data > 0.0 else 0.0
-        self.batch_samples = samples(batch) * self.world_size
+        first = batch[0] if type(batch) in (tuple, list) and batch else batch  # samples(), inline
+        count = first.shape[0] if type(first) is torch.Tensor and first.ndim else batch_size(batch)
+        self.batch_samples = count * self.world_size
 
     def iteration_done(self) -> None:
         """The hot path: a clock reading and a tuple appended; every sum is taken when read."""
@@ -371,14 +373,6 @@ class Lazy:
 
     def __float__(self) -> float:
         return float(getattr(self.window, self.what)())
-
-
-def samples(batch: Any) -> int:
-    """Samples in a batch; the common ``(inputs, targets)`` case without the general walk."""
-    first = batch[0] if type(batch) in (tuple, list) and batch else batch
-    if type(first) is torch.Tensor and first.ndim:
-        return first.shape[0]
-    return batch_size(batch)
 
 
 def record_event() -> Any:
