@@ -12,32 +12,10 @@ from typing import Any
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from hookrun import Runner, hookimpl
-
-
-class TwoLossModel(nn.Module):
-    """A classifier whose training_step returns three loss terms, "loss" first."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
-
-    def training_step(self, batch: Any) -> dict[str, torch.Tensor]:
-        x, y = batch
-        ce = nn.functional.cross_entropy(self.net(x), y)
-        l2 = sum((p**2).sum() for p in self.net.parameters()) * 1e-3
-        return {"loss": ce + l2, "ce": ce, "l2": l2}
-
-    def validation_step(self, batch: Any) -> dict[str, torch.Tensor]:
-        x, y = batch
-        out = self.net(x)
-        return {
-            "loss": nn.functional.cross_entropy(out, y),
-            "accuracy": (out.argmax(1) == y).float(),
-        }
+from hookrun.testing import toy_data, two_loss_model
 
 
 class LossRecorder:
@@ -57,15 +35,12 @@ class LossRecorder:
 
 
 def loader(n: int, batch_size: int, seed: int, shuffle: bool = True) -> DataLoader:
-    g = torch.Generator().manual_seed(seed)
-    data = TensorDataset(torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g))
-    return DataLoader(data, batch_size=batch_size, shuffle=shuffle)
+    return toy_data(n, batch_size, shuffle=shuffle, seed=seed)
 
 
 def make_runner(tmp_path: Path, **overrides: Any) -> Runner:
     """2 epochs of 25 batches, no plugin, both built-in writers."""
-    torch.manual_seed(0)
-    model = TwoLossModel()
+    model = two_loss_model()
     kwargs: dict[str, Any] = dict(
         model=model,
         train_dataloader=loader(200, 8, seed=0),

@@ -119,6 +119,34 @@ def toy_model(batch_norm: bool = False) -> torch.nn.Module:
     return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
 
 
+def two_loss_model() -> torch.nn.Module:
+    """A classifier for ``toy_data`` whose ``training_step`` returns three loss terms,
+    ``"loss"`` (back-propagated) first, then ``"ce"`` and ``"l2"``, and whose
+    ``validation_step`` reports ``loss`` and ``accuracy``: for tests of what a run reports."""
+    import torch
+    from torch import nn
+
+    class TwoLossModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+
+        def training_step(self, batch: Any) -> dict[str, torch.Tensor]:
+            x, y = batch
+            ce = nn.functional.cross_entropy(self.net(x), y)
+            l2 = sum((p**2).sum() for p in self.net.parameters()) * 1e-3
+            return {"loss": ce + l2, "ce": ce, "l2": l2}
+
+        def validation_step(self, batch: Any) -> dict[str, torch.Tensor]:
+            x, y = batch
+            out = self.net(x)
+            loss = nn.functional.cross_entropy(out, y)
+            return {"loss": loss, "accuracy": (out.argmax(1) == y).float()}
+
+    torch.manual_seed(0)
+    return TwoLossModel()
+
+
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The fraction of rows whose arg-max is the target."""
     return (outputs.argmax(1) == targets).float().mean()

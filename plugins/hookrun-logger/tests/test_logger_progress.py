@@ -80,7 +80,7 @@ def test_metrics_table_after_each_validation(make_runner):
 
 
 def test_test_run_prints_its_table(make_runner):
-    data = TensorDataset(torch.randn(12, 6), torch.randint(0, 3, (12,)))
+    data = TensorDataset(torch.randn(12, 4), torch.randint(0, 2, (12,)))
     runner = make_runner({"progress": "lines"}, test_dataloader=DataLoader(data, batch_size=4))
     runner.console = console(terminal=False)
     metrics = runner.test()

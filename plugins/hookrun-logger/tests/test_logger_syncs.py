@@ -35,7 +35,7 @@ class IterationClock:
 def sequential_loader() -> DataLoader:
     """In order: a shuffling sampler draws its permutation with ``randperm().tolist()`` (a
     host-side read of a CPU tensor, not the logger's) when an epoch's iterator runs out."""
-    data = TensorDataset(torch.randn(200, 6), torch.randint(0, 3, (200,)))
+    data = TensorDataset(torch.randn(200, 4), torch.randint(0, 2, (200,)))
     return DataLoader(data, batch_size=8, shuffle=False)
 
 
