@@ -71,8 +71,8 @@ class OptimizerStep:
         if self.around_backward:
             hooks.after_backward(runner=runner)
 
-    def step(self) -> bool:
-        """The update at an accumulation boundary; whether the weights changed."""
+    def step(self) -> None:
+        """The update at an accumulation boundary."""
         runner, hooks, scaler = self.runner, self.hooks, self.scaler
         optimizer = runner.optimizer
         if scaler is not None:
@@ -98,4 +98,3 @@ class OptimizerStep:
         optimizer.zero_grad(set_to_none=True)
         if runner.scheduler is not None and runner.scheduler_interval == "iter":
             runner.scheduler.step()
-        return stepped

@@ -134,7 +134,7 @@ def two_loss_model() -> torch.nn.Module:
         def training_step(self, batch: Any) -> dict[str, torch.Tensor]:
             x, y = batch
             ce = nn.functional.cross_entropy(self.net(x), y)
-            l2 = sum((p**2).sum() for p in self.net.parameters()) * 1e-3
+            l2 = torch.stack([(p**2).sum() for p in self.net.parameters()]).sum() * 1e-3
             return {"loss": ce + l2, "ce": ce, "l2": l2}
 
         def validation_step(self, batch: Any) -> dict[str, torch.Tensor]:
