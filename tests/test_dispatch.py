@@ -6,32 +6,13 @@ import importlib
 import sys
 
 import pytest
+from test_plugin_manager import Tagged
 
 from hookrun import Priority, Runner, hookimpl
 from hookrun.dispatch import HookCaller, HookStats, Impl
 from hookrun.errors import PluginError
 from hookrun.manager import PluginManager
 from hookrun_testutil import toy_runner_kwargs
-
-
-class Plain:
-    """Records its tag at before_train and after_train_iter and returns it as its result."""
-
-    def __init__(self, tag, log, priority=None):
-        self.name = tag
-        self.log = log
-        if priority is not None:
-            self.priority = priority
-
-    @hookimpl
-    def before_train(self):
-        self.log.append(self.name)
-        return self.name
-
-    @hookimpl
-    def after_train_iter(self):
-        self.log.append(self.name)
-        return self.name
 
 
 class Wrap:
@@ -57,9 +38,9 @@ class Wrap:
 def test_wrappers_run_around_the_plain_implementations_in_priority_order(tmp_path):
     log: list[str] = []
     hooks = [
-        Plain("late", log, Priority.LOW),
+        Tagged("late", log, Priority.LOW),
         Wrap("inner", log, Priority.VERY_LOW),
-        Plain("early", log, Priority.HIGHEST),
+        Tagged("early", log, Priority.HIGHEST),
         Wrap("outer", log, Priority.HIGH),
     ]
     Runner(**toy_runner_kwargs(tmp_path, hooks=hooks, max_epochs=1)).train()
@@ -75,7 +56,7 @@ def test_wrappers_run_around_the_plain_implementations_in_priority_order(tmp_pat
 
 
 def test_the_outermost_wrapper_gives_the_result():
-    manager = PluginManager({}, [Plain("a", []), Wrap("w", [], 90)])
+    manager = PluginManager({}, [Tagged("a", []), Wrap("w", [], 90)])
     assert manager.hooks.after_train_iter(runner=None, batch_idx=0, batch=None, outputs={}) == [
         "a",
         "w",
@@ -248,7 +229,7 @@ def install_normal(make_dist, priority="Priority.NORMAL", module="dispatch_norma
 
 def test_priority_names_place_ad_hoc_hooks_before_plugins_and_earlier_hooks(make_dist, tmp_path):
     log = install_normal(make_dist).CALLS
-    hooks = [Plain("fifty", log, 50), Plain("top", log, "HIGHEST"), Plain("high", log, "high")]
+    hooks = [Tagged("fifty", log, 50), Tagged("top", log, "HIGHEST"), Tagged("high", log, "high")]
     runner = Runner(**toy_runner_kwargs(tmp_path, plugins={"normal": True}, hooks=hooks))
     runner.hooks.before_train(runner=runner)
     assert log == ["top", "high", "normal", "fifty"]
@@ -256,8 +237,8 @@ def test_priority_names_place_ad_hoc_hooks_before_plugins_and_earlier_hooks(make
 
 @pytest.mark.parametrize("bad", [500, -1, "urgent", 3.5, True])
 def test_a_bad_ad_hoc_priority_is_an_error_naming_the_hook_before_training(tmp_path, bad):
-    hook = Plain("my-hook", [], bad)
-    with pytest.raises(PluginError, match=rf"hook Plain \('my-hook'\): .*{bad!r}"):
+    hook = Tagged("my-hook", [], bad)
+    with pytest.raises(PluginError, match=rf"hook Tagged \('my-hook'\): .*{bad!r}"):
         Runner(**toy_runner_kwargs(tmp_path, hooks=[hook]))
     assert not (tmp_path / "run").exists()
 
@@ -315,7 +296,7 @@ def test_old_style_and_non_generator_wrappers_are_refused():
 
 
 def test_wrappers_are_listed_and_profiled():
-    manager = PluginManager({}, [Plain("a", []), Wrap("w", [], 90)])
+    manager = PluginManager({}, [Tagged("a", []), Wrap("w", [], 90)])
     assert dict(manager.table())["after_train_iter"] == ["w", "a"]
     manager.stats.profile = True
     for batch_idx in range(3):

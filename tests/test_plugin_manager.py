@@ -44,6 +44,8 @@ def install_greeter(make_dist, module="greeter_mod", default=True):
 
 
 class Tagged:
+    """Records its tag at before_train and after_train_iter and returns it as its result."""
+
     def __init__(self, tag, log, priority=None):
         self.name = tag
         self.log = log
@@ -53,10 +55,12 @@ class Tagged:
     @hookimpl
     def before_train(self):
         self.log.append(self.name)
+        return self.name
 
     @hookimpl
     def after_train_iter(self):
         self.log.append(self.name)
+        return self.name
 
 
 def test_priorities_order_every_hook_point_and_ties_keep_the_given_order(tmp_path):
