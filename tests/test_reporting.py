@@ -12,30 +12,9 @@ from typing import Any
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from torch.utils.data import DataLoader
 
 from hookrun import Runner, hookimpl
-from hookrun.testing import toy_data, two_loss_model
-
-
-class LossRecorder:
-    """Keeps every iteration's raw loss terms, to average them independently."""
-
-    def __init__(self) -> None:
-        self.raw: list[dict[str, torch.Tensor]] = []
-
-    @hookimpl
-    def after_train_iter(self, outputs: dict[str, torch.Tensor]) -> None:
-        self.raw.append(dict(outputs))
-
-    def mean(self, name: str, first: int, last: int) -> float:
-        """Mean of ``name`` over iterations ``first+1 .. last`` (1-based, inclusive)."""
-        values = [r[name].item() for r in self.raw[first:last]]
-        return sum(values) / len(values)
-
-
-def loader(n: int, batch_size: int, seed: int, shuffle: bool = True) -> DataLoader:
-    return toy_data(n, batch_size, shuffle=shuffle, seed=seed)
+from hookrun.testing import LossRecorder, toy_data, two_loss_model
 
 
 def make_runner(tmp_path: Path, **overrides: Any) -> Runner:
@@ -43,8 +22,8 @@ def make_runner(tmp_path: Path, **overrides: Any) -> Runner:
     model = two_loss_model()
     kwargs: dict[str, Any] = dict(
         model=model,
-        train_dataloader=loader(200, 8, seed=0),
-        val_dataloader=loader(40, 10, seed=1, shuffle=False),
+        train_dataloader=toy_data(200, 8, seed=0),
+        val_dataloader=toy_data(40, 10, shuffle=False, seed=1),
         optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
         max_epochs=2,
         work_dir=tmp_path / "run",
@@ -228,12 +207,18 @@ class Sleeps:
 def test_eta_predicts_the_remaining_time_validation_included(tmp_path, by_epoch):
     sleeps = Sleeps()
     schedule = (
-        dict(max_epochs=3, train_dataloader=loader(80, 8, seed=0))
+        dict(max_epochs=3, train_dataloader=toy_data(80, 8, seed=0))
         if by_epoch
-        else dict(max_epochs=None, max_iters=30, val_interval=10, train_dataloader=loader(96, 8, 0))
+        else dict(
+            max_epochs=None, max_iters=30, val_interval=10, train_dataloader=toy_data(96, 8, seed=0)
+        )
     )
     runner = make_runner(
-        tmp_path, hooks=[sleeps], log_interval=1, val_dataloader=loader(60, 10, 1), **schedule
+        tmp_path,
+        hooks=[sleeps],
+        log_interval=1,
+        val_dataloader=toy_data(60, 10, seed=1),
+        **schedule,
     )
     runner.train()
     # mid-run, after the first validation pass: 15 iterations and 2 passes still to come

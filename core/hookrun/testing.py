@@ -147,6 +147,23 @@ def two_loss_model() -> torch.nn.Module:
     return TwoLossModel()
 
 
+class LossRecorder:
+    """An ad-hoc hook keeping every iteration's raw loss terms (``after_train_iter``'s
+    ``outputs``), to check what a run reports against means computed independently."""
+
+    def __init__(self) -> None:
+        self.raw: list[dict[str, torch.Tensor]] = []
+
+    @_hookimpl
+    def after_train_iter(self, outputs: dict[str, torch.Tensor]) -> None:
+        self.raw.append(dict(outputs))
+
+    def mean(self, name: str, first: int, last: int) -> float:
+        """Mean of ``name`` over iterations ``first+1 .. last`` (1-based, inclusive)."""
+        values = [r[name].item() for r in self.raw[max(0, first) : last]]
+        return sum(values) / len(values)
+
+
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The fraction of rows whose arg-max is the target."""
     return (outputs.argmax(1) == targets).float().mean()

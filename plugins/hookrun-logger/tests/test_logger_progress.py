@@ -35,9 +35,9 @@ def test_lines_mode_prints_the_core_reports_every_interval(make_runner, recorder
     assert [int(m[0]) for m in lines] == [1, 1, 2, 2, 2]
     for _epoch, step, loss, ce, l2, lr in lines:
         step = int(step)  # the core's report averages the 5 iterations since the last one
-        assert loss == f"{recorder.smoothed('loss', step, 5):.4f}"
-        assert ce == f"{recorder.smoothed('ce', step, 5):.4f}"
-        assert l2 == f"{recorder.smoothed('l2', step, 5):.4f}"
+        assert loss == f"{recorder.mean('loss', step - 5, step):.4f}"
+        assert ce == f"{recorder.mean('ce', step - 5, step):.4f}"
+        assert l2 == f"{recorder.mean('l2', step - 5, step):.4f}"
         assert lr == "5.000e-02"
     assert "\x1b[" not in text  # no cursor movement or colour in a log file
     assert "it/s ETA" not in text  # no bar frame
