@@ -69,20 +69,18 @@ class Reporter:
         seconds, self.val_seconds = now - then - self.val_seconds, 0.0
         if done <= then_done:
             return None
-        runner = self.runner
-        eta = (runner.max_iters - done) * max(seconds, 0.0) / (done - then_done)
+        eta = (self.last - done) * max(seconds, 0.0) / (done - then_done)
         passes, total = self.val_total
         if passes:
-            eta += remaining_validations(runner, done) * total / passes
+            eta += remaining_validations(self.runner, done) * total / passes
         return eta
 
 
 def remaining_validations(runner: Any, done: int) -> int:
-    """Validations still to run after ``done`` completed iterations."""
+    """Validations still to run after ``done`` completed iterations. Reports happen inside an
+    epoch, so in an epoch-based run ``position.epoch`` epochs are complete."""
     schedule: ValidationSchedule = runner.validation_schedule
-    if runner.by_epoch:
-        return schedule.remaining(runner.position.epoch + int(runner.position.epoch_closed(True)))
-    return schedule.remaining(done)
+    return schedule.remaining(runner.position.epoch if runner.by_epoch else done)
 
 
 def lr_scalars(lrs: list[float]) -> dict[str, float]:
