@@ -139,11 +139,7 @@ class TrainStep:
         self.put = runner.scalars.put
         # The common case takes its step inline: each Python frame costs about a
         # microsecond between torch ops, a few percent of a small model's step.
-        self.fast = self.plain and optim.simple() and not self.step_scheduler()
-
-    def step_scheduler(self) -> bool:
-        runner = self.runner
-        return runner.scheduler is not None and runner.scheduler_interval == "iter"
+        self.fast = self.plain and optim.simple()
 
     def __call__(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
         runner = self.runner

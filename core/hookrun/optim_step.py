@@ -45,13 +45,20 @@ class OptimizerStep:
 
     def simple(self) -> bool:
         """Whether a step is only ``backward``, ``step`` and ``zero_grad``: fp32, every batch
-        a step, no clipping and nothing implementing the four hook points."""
+        a step, no clipping, no per-iteration scheduler and nothing implementing the four
+        hook points."""
         return (
             self.scaler is None
             and self.grad_accum == 1
             and not self.clip_grad
             and not (self.around_backward or self.before_step or self.after_step)
+            and not self.steps_scheduler()
         )
+
+    def steps_scheduler(self) -> bool:
+        """Whether the scheduler steps after every optimizer step (``scheduler_interval: iter``)."""
+        runner = self.runner
+        return runner.scheduler is not None and runner.scheduler_interval == "iter"
 
     def sync_context(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
         """DDP's ``no_sync`` inside an accumulation group: gradients are reduced once, at
@@ -96,5 +103,5 @@ class OptimizerStep:
         if scaler is not None:
             scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        if runner.scheduler is not None and runner.scheduler_interval == "iter":
+        if self.steps_scheduler():
             runner.scheduler.step()
