@@ -93,13 +93,16 @@ def test_validation_metrics_are_written_once_per_validation(tmp_path):
 
 
 def test_config_and_plugin_table_reach_every_writer(tmp_path):
-    runner = make_runner(tmp_path, hooks=[LossRecorder()])
+    early = LossRecorder()
+    early.name, early.priority = "early", "HIGH"  # a priority given by name
+    runner = make_runner(tmp_path, hooks=[LossRecorder(), early])
     runner.train()
     config = read_jsonl(runner.work_dir / "log.jsonl")[0]["config"]
     assert config["note"] == "reporting test"
     assert config["runner"] == {"max_epochs": 2}
     assert [(row["name"], row["priority"]) for row in config["active_plugins"]] == [
-        ("LossRecorder", 50)
+        ("early", 30),
+        ("LossRecorder", 50),
     ]
     acc = read_tensorboard(runner.work_dir / "tensorboard")
     assert "config/text_summary" in acc.Tags()["tensors"]

@@ -72,6 +72,7 @@ class PluginManager:
             self.pm.register(obj, name=name)
         self.ordered: list[tuple[str, object]] = ordered
         self.plugins: dict[str, object] = dict(ordered)
+        self.priorities: dict[str, int] = priorities  # parsed: a name such as "HIGH" as its int
         rank = {name: (priorities[name], i) for i, (name, _) in enumerate(ordered)}
         self.hooks = Hooks({name: self._caller(name, rank) for name in hook_points()})
 

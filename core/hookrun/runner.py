@@ -379,7 +379,7 @@ class Runner:
         """Active plugins and hooks in call order with priority and settings (for writers)."""
         rows = []
         for name, obj in self.manager.ordered:
-            row: dict[str, Any] = {"name": name, "priority": int(getattr(obj, "priority", 50))}
+            row: dict[str, Any] = {"name": name, "priority": self.manager.priorities[name]}
             settings = getattr(obj, "settings", None)
             if hasattr(settings, "model_dump"):
                 row["settings"] = settings.model_dump(mode="json")  # type: ignore[union-attr]
