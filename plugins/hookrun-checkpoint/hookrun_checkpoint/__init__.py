@@ -144,12 +144,11 @@ class CheckpointSettings(PluginSettings):
         return names
 
 
-class Checkpoint(Plugin):
+class Checkpoint(Plugin[CheckpointSettings]):
     """Saves checkpoints by epoch or iteration, the best ones, and on exceptions and signals."""
 
     name = "checkpoint"
     Settings = CheckpointSettings
-    settings: CheckpointSettings
     priority = Priority.VERY_LOW  # saves after every other plugin has updated its state
     enabled_by_default = True
 

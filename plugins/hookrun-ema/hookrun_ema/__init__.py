@@ -72,13 +72,12 @@ class EMASettings(PluginSettings):
     )
 
 
-class EMA(Plugin):
+class EMA(Plugin[EMASettings]):
     """Keeps the moving average of ``runner.unwrapped_model``, swaps it in for evaluation and
     stores it in checkpoints."""
 
     name = "ema"
     Settings = EMASettings
-    settings: EMASettings
     priority = Priority.NORMAL
     enabled_by_default = False
 

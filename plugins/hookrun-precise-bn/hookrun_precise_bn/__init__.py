@@ -57,13 +57,12 @@ class PreciseBNSettings(PluginSettings):
     )
 
 
-class PreciseBN(Plugin):
+class PreciseBN(Plugin[PreciseBNSettings]):
     """Recomputes BatchNorm statistics after training epochs or iterations, before validation
     and checkpointing (priority ABOVE_NORMAL runs it before EMA, logger and checkpoint)."""
 
     name = "precise_bn"
     Settings = PreciseBNSettings
-    settings: PreciseBNSettings
     priority = Priority.ABOVE_NORMAL
     enabled_by_default = False
 
