@@ -26,13 +26,6 @@ class ScalarStore:
         self._fresh: dict[str, int] = {}  # series values put since the last report
         self._gauges: set[str] = set()
 
-    def ensure_window(self, window: int) -> None:
-        """Keep at least ``window`` values per name from now on (existing histories too)."""
-        if window > self.window:
-            self.window = window
-            for name, history in self._history.items():
-                self._history[name] = deque(history, maxlen=window)
-
     def put(self, name: str, value: Any) -> None:
         """Add a value to the series ``name``."""
         self._latest[name] = value
