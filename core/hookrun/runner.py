@@ -265,7 +265,7 @@ class Runner:
         with self._run("train"):
             self.hooks.before_run(runner=self)
             if resume is not None:
-                self._resume(resume)
+                run_state.resume(self, resume)
             self.hooks.before_train(runner=self)
             TrainLoop(self).run()
             self.hooks.after_train(runner=self)
@@ -315,35 +315,7 @@ class Runner:
 
     def load_checkpoint(self, path: str | Path, resume: bool = True) -> dict[str, Any]:
         """Load weights (``resume=False``) or the whole training state (``resume=True``)."""
-        path = Path(path)
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint not found: {path}")
-        try:
-            checkpoint = ckpt_io.load(path)
-        except Exception as exc:
-            raise CheckpointError(
-                f"cannot load checkpoint {path}: {type(exc).__name__}: {exc}"
-            ) from exc
-        self._restore(checkpoint, resume)
-        return checkpoint
-
-    def _resume(self, resume: str | Path) -> None:
-        if str(resume) == "auto":
-            found = ckpt_io.newest_loadable(self.checkpoint_dir, self.info)
-            if found is None:
-                self.info(f"no checkpoint in {self.checkpoint_dir}; starting fresh")
-                return
-            path, checkpoint = found
-            self._restore(checkpoint, resume=True)
-        else:
-            path = Path(resume)
-            self.load_checkpoint(path, resume=True)
-        self.resumed_from = path
-        self.info(f"resumed from {path} at iteration {self.iter}")
-
-    def _restore(self, checkpoint: dict[str, Any], resume: bool) -> None:
-        run_state.restore(self, checkpoint, resume)
-        self.hooks.after_load_checkpoint(runner=self, checkpoint=checkpoint)
+        return run_state.load_into(self, Path(path), resume)
 
     # -- loops ---------------------------------------------------------------------------
 

@@ -6,10 +6,12 @@ The file format and the I/O live in :mod:`hookrun.checkpoint`.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookrun import checkpoint as ckpt_io
 from hookrun import dist
+from hookrun.errors import CheckpointError
 from hookrun.loop import LoopPosition
 
 if TYPE_CHECKING:
@@ -63,6 +65,41 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
     if len(ranks) != runner.world_size:
         runner.info(f"checkpoint of {len(ranks)} process(es): rank 0's RNG streams used")
     ckpt_io.set_rng_state(ranks[runner.rank] if len(ranks) == runner.world_size else ranks[0])
+
+
+def load_into(runner: Runner, path: Path, resume: bool) -> dict[str, Any]:
+    """Load ``path`` and restore it into ``runner`` (weights only unless ``resume``)."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        checkpoint = ckpt_io.load(path)
+    except Exception as exc:
+        raise CheckpointError(
+            f"cannot load checkpoint {path}: {type(exc).__name__}: {exc}"
+        ) from exc
+    _restore(runner, checkpoint, resume)
+    return checkpoint
+
+
+def resume(runner: Runner, resume: str | Path) -> None:
+    """Continue from ``resume``: a path, or "auto" for the newest checkpoint that loads."""
+    if str(resume) == "auto":
+        found = ckpt_io.newest_loadable(runner.checkpoint_dir, runner.info)
+        if found is None:
+            runner.info(f"no checkpoint in {runner.checkpoint_dir}; starting fresh")
+            return
+        path, checkpoint = found
+        _restore(runner, checkpoint, resume=True)
+    else:
+        path = Path(resume)
+        load_into(runner, path, resume=True)
+    runner.resumed_from = path
+    runner.info(f"resumed from {path} at iteration {runner.iter}")
+
+
+def _restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
+    restore(runner, checkpoint, resume)
+    runner.hooks.after_load_checkpoint(runner=runner, checkpoint=checkpoint)
 
 
 def _version() -> str:
