@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hookrun import Runner
-from hookrun.errors import CheckpointError
+from hookrun.errors import CheckpointMismatchError
 from hookrun.testing import (
     assert_same_checkpoint,
     check_kill_and_resume,
@@ -74,5 +74,5 @@ def test_truncated_newest_checkpoint_is_named_and_skipped(tmp_path):
 
 def test_resume_from_missing_path_is_a_clear_error(tmp_path):
     runner = Runner(**toy_runner_kwargs(tmp_path))
-    with pytest.raises(CheckpointError, match="checkpoint not found: .*nope.pt"):
+    with pytest.raises(CheckpointMismatchError, match="checkpoint not found: .*nope.pt"):
         runner.train(resume=tmp_path / "nope.pt")

@@ -23,6 +23,7 @@ _EXPORTS = {
     "ConfigError": "hookrun.errors",
     "PluginError": "hookrun.errors",
     "CheckpointError": "hookrun.errors",
+    "CheckpointMismatchError": "hookrun.errors",
     "metric_rule": "hookrun.direction",
     "better": "hookrun.direction",
     "format_duration": "hookrun.timefmt",
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from hookrun.dispatch import HookStats as HookStats
     from hookrun.dist import rank_zero_only as rank_zero_only
     from hookrun.errors import CheckpointError as CheckpointError
+    from hookrun.errors import CheckpointMismatchError as CheckpointMismatchError
     from hookrun.errors import ConfigError as ConfigError
     from hookrun.errors import HookrunError as HookrunError
     from hookrun.errors import PluginError as PluginError

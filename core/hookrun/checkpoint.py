@@ -6,10 +6,13 @@ needs (and never falls back to) unpickling arbitrary objects.
 
 from __future__ import annotations
 
+import errno
 import os
+import pickle
 import random
 import re
 import tempfile
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hookrun.errors import CheckpointError
+from hookrun.errors import CheckpointError, CheckpointMismatchError
 
 FORMAT = "hookrun/1"
 
@@ -80,19 +83,92 @@ def fsync_dir(folder: Path) -> None:
 
 
 def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``; anything else is refused."""
-    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
-        found = checkpoint.get("format") if isinstance(checkpoint, dict) else type(checkpoint)
-        raise ValueError(f"not a {FORMAT} checkpoint (format: {found!r})")
+    """Load a checkpoint with ``weights_only=True``; anything else is refused.
+
+    A file that cannot be read, is not a ``torch.save`` file, holds something the
+    ``weights_only`` loader refuses (a pickled class, a ``__reduce__`` payload) or is not a
+    ``hookrun/1`` dict raises :class:`CheckpointMismatchError` with one line: ``cannot load
+    checkpoint PATH: REASON`` (torch's multi-line advice condensed to its gist).
+    """
+    try:
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the reason says it
+            warnings.simplefilter("ignore")
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise _unloadable(path, load_error_reason(exc, path)) from exc
+    if not isinstance(checkpoint, dict):
+        kind = type(checkpoint).__name__
+        raise _unloadable(path, f"not a hookrun checkpoint (it holds a {kind}, not a dict)")
+    if "format" not in checkpoint:
+        keys = ", ".join(map(str, list(checkpoint)[:5])) or "none"
+        raise _unloadable(path, f"not a hookrun checkpoint (a dict without 'format'; keys: {keys})")
+    if checkpoint["format"] != FORMAT:
+        raise _unloadable(path, f"format {checkpoint['format']!r} is not {FORMAT!r}")
     return checkpoint
 
 
-def candidates(folder: Path) -> list[Path]:
-    """Checkpoint files in ``folder``, newest first.
+def _unloadable(path: str | Path, reason: str) -> CheckpointMismatchError:
+    return CheckpointMismatchError(
+        f"cannot load checkpoint {path}: {reason}", path=path, reason=reason
+    )
 
-    A ``latest`` text file naming a checkpoint in the folder puts that one first; the rest
+
+_ENFORCE = re.compile(r"^\[enforce fail at [^\]]*\]\s*\.?\s*")
+_WEIGHTS_ONLY_NOISE = (
+    "Weights only load failed",
+    "Check the documentation of torch.load",
+    "Please file an issue",
+)
+
+
+def load_error_reason(exc: BaseException, path: str | Path) -> str:
+    """One line for an exception of ``torch.load``: what is wrong with the file."""
+    if isinstance(exc, pickle.UnpicklingError) and "Weights only load failed" in str(exc):
+        lines = [line.strip() for line in str(exc).splitlines()]
+        gist = [
+            line.partition("WeightsUnpickler error:")[2].strip() or line
+            for line in lines
+            if line and (not line.startswith(_WEIGHTS_ONLY_NOISE) or "error:" in line)
+        ]
+        gist = [line for line in gist if line and not line.startswith(_WEIGHTS_ONLY_NOISE)]
+        return f"not a hookrun checkpoint (weights_only load refused: {_short(' '.join(gist))})"
+    if isinstance(exc, OSError) and exc.errno != errno.EINVAL:  # not found, no permission
+        return exc.strerror or _short(str(exc)) or type(exc).__name__
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = -1
+    if size == 0:
+        return "the file is empty (0 bytes)"
+    if isinstance(exc, EOFError):
+        return f"the file ends too early ({size} bytes; truncated?)"
+    if isinstance(exc, OSError):  # EINVAL: the zip reader seeking before the start of a cut file
+        return f"damaged, or not a torch.save file (reading it failed: {exc.strerror or exc})"
+    text = _short(_ENFORCE.sub("", str(exc).strip().splitlines()[0] if str(exc).strip() else ""))
+    if "PytorchStreamReader" in text or "archive" in text or "zip" in text.lower():
+        return f"damaged, or not a torch.save file ({text})"
+    if isinstance(exc, pickle.UnpicklingError):
+        return f"not a torch.save file ({text or type(exc).__name__})"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """The first sentence of ``text`` when it is long, at most ``limit`` characters."""
+    text = " ".join(text.split())
+    if len(text) > limit or ". " in text:
+        first = text.split(". ")[0]
+        text = first if first else text
+    text = text.rstrip(".")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def candidates(folder: Path, report: Callable[[str], None] | None = None) -> list[Path]:
+    """Checkpoint files (``*.pt``) in ``folder``, newest first.
+
+    A ``latest`` text file naming a checkpoint of the folder puts that one first; the rest
     go by modification time, ties broken by the numbers in their names (iter_10 > iter_8).
+    ``latest`` is trusted with nothing: unless it holds one plain file name (no ``/``,
+    ``\\`` or ``..``) of a ``*.pt`` file of the folder it is ignored, and ``report`` says why.
     """
     if not folder.is_dir():
         return []
@@ -100,27 +176,42 @@ def candidates(folder: Path) -> list[Path]:
     files.sort(key=lambda p: (p.stat().st_mtime_ns, _natural(p.name)), reverse=True)
     pointer = folder / "latest"
     if pointer.is_file():
-        named = folder / pointer.read_text(encoding="utf-8").strip()
-        if named in files:
-            files.remove(named)
-            files.insert(0, named)
+        named, problem = _pointer_name(pointer)
+        if named is not None and folder / named in files:
+            files.remove(folder / named)
+            files.insert(0, folder / named)
+        elif report is not None:
+            report(f"ignoring {pointer}: {problem or f'{named!r} is not a checkpoint here'}")
     return files
+
+
+def pointed(folder: Path) -> str | None:
+    """The plain file name the ``latest`` pointer of ``folder`` holds, if it holds one."""
+    pointer = folder / "latest"
+    return _pointer_name(pointer)[0] if pointer.is_file() else None
+
+
+def _pointer_name(pointer: Path) -> tuple[str | None, str]:
+    """The plain file name ``pointer`` holds, or None and why not."""
+    try:
+        raw = pointer.read_bytes()[:4097]
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    if len(raw) > 4096:
+        return None, "it is not a file name (over 4 KiB)"
+    try:
+        name = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None, "it is not text"
+    if not name:
+        return None, "it is empty"
+    if not name.isprintable() or "/" in name or "\\" in name or name in (".", ".."):
+        return None, f"{name!r} is not a plain file name"
+    return name, ""
 
 
 def _natural(name: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def newest_loadable(
-    folder: Path, report: Callable[[str], None], map_location: Any = "cpu"
-) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint in ``folder`` that loads; every one that does not is reported."""
-    for path in candidates(folder):
-        try:
-            return path, load(path, map_location)
-        except Exception as exc:  # truncated, corrupt or foreign file: skip it, say which
-            report(f"skipping checkpoint {path}: cannot be loaded ({type(exc).__name__}: {exc})")
-    return None
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """The ``hookrun`` command line: train, evaluate, inspect plugins, hooks and configs.
 
-Exit codes: 0 success, 1 training failed (the traceback is shown), 2 a usage or config
-error (one line per problem on stderr, no traceback). Only click and the standard library
-are imported at start-up; ``plugins list`` stays on entry-point metadata (no torch,
-pydantic, pluggy or plugin import). Under torchrun only rank 0 prints.
+Exit codes: 0 success, 1 training failed (the traceback is shown; one line for a runtime
+checkpoint failure such as a full disk), 2 a usage or config error, a checkpoint that cannot
+be loaded or does not fit included (one line per problem on stderr, no traceback). Only
+click and the standard library are imported at start-up; ``plugins list`` stays on
+entry-point metadata (no torch, pydantic, pluggy or plugin import). Under torchrun only rank
+0 prints.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import click
 
-from hookrun.errors import HookrunError
+from hookrun.errors import CheckpointError, HookrunError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -395,6 +397,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         for line in exc.lines:
             echo(line, err=True)
         sys.exit(EXIT_USAGE)
+    except CheckpointError as exc:  # a runtime failure (full disk, I/O), not a bug: one line
+        rank = f"[rank {_rank()}] " if "RANK" in os.environ else ""
+        print(f"{rank}error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_FAILED)
     except Exception as exc:
         _print_failure(exc)
         sys.exit(EXIT_FAILED)

@@ -1,4 +1,6 @@
-"""Errors that are the user's to fix: the CLI prints them as lines and exits with code 2."""
+"""hookrun's errors. :class:`HookrunError` and its subclasses are the user's to fix: the CLI
+prints them as lines and exits with code 2. :class:`CheckpointError` is a runtime failure (a
+full disk, an I/O error): one line, exit code 1."""
 
 from __future__ import annotations
 
@@ -22,8 +24,22 @@ class PluginError(HookrunError):
     """A plugin cannot be found, imported, configured or registered."""
 
 
-class CheckpointError(HookrunError):
-    """A checkpoint cannot be written or read; the message names the file."""
+class CheckpointMismatchError(HookrunError):
+    """A checkpoint the user named cannot be loaded or does not fit the run (keys, shapes,
+    optimizer groups, RNG or loop state): one line naming the file and the first problem.
+
+    ``path`` is the file; ``reason`` the line without the file's name."""
+
+    def __init__(self, lines: str | list[str], path: object = None, reason: str = "") -> None:
+        super().__init__(lines)
+        self.path = path
+        self.reason = reason or "\n".join(self.lines)
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be written at run time (disk full, I/O error, a value that
+    ``weights_only`` loading would refuse); the message names the file. Not a user mistake
+    in what was given: the CLI exits with code 1, without a traceback."""
 
 
 def validation_lines(exc: Any, prefix: str, fields: Iterable[str] = ()) -> list[str]:
