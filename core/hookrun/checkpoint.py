@@ -11,7 +11,7 @@ import os
 import pickle
 import random
 import re
-import tempfile
+import secrets
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,15 +29,49 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
     """Write ``obj`` with ``torch.save`` so that ``path`` is either the old file or the new one.
 
     A temporary file in the same folder is written, flushed and fsynced, then renamed over
-    ``path``, and the folder is fsynced so the rename itself survives a power cut.
+    ``path``, and the folder is fsynced so the rename itself survives a power cut. The file
+    gets the permissions of any new file under the process's umask (0644 under umask 022).
+
+    ``torch.save`` hides an exception raised by the file's ``write`` behind a
+    ``RuntimeError: [enforce fail at inline_container.cc:...]``; the original one (an
+    ``OSError`` of a full disk, a ``KeyboardInterrupt``) is raised instead.
     """
-    return _atomic(path, lambda f: torch.save(obj, f))
+
+    def fill(f: Any) -> None:
+        recording = _RecordingFile(f)
+        try:
+            torch.save(obj, recording)  # type: ignore[arg-type]  # write and flush suffice
+        except BaseException as exc:
+            if recording.error is not None and recording.error is not exc:
+                raise recording.error.with_traceback(recording.error.__traceback__) from None
+            raise
+
+    return _atomic(path, fill)
+
+
+class _RecordingFile:
+    """A binary file whose ``write`` keeps the first exception it raised."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.error: BaseException | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self.f.write(data))
+        except BaseException as exc:
+            if self.error is None:
+                self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def _atomic(path: str | Path, fill: Callable[[Any], object]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             fill(f)
@@ -45,16 +79,33 @@ def _atomic(path: str | Path, fill: Callable[[Any], object]) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
     return path
 
 
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new ``.<name>.<random>.tmp`` beside ``path``, created with mode 0666 so that the
+    kernel applies the umask (``tempfile.mkstemp`` would make it 0600)."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, _TEMP_FLAGS | getattr(os, "O_BINARY", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
 def write(state: dict[str, Any], path: str | Path) -> Path:
     """Check that ``state`` will load with ``weights_only=True``, then write it atomically.
 
-    Failures raise :class:`CheckpointError` naming the file; the previous file is intact.
+    Failures raise :class:`CheckpointError` naming the file and, for an I/O error, the
+    operating system's reason (``No space left on device``); the previous file is intact.
+    A ``KeyboardInterrupt`` during the write is raised as such, the previous file intact.
     """
     path = Path(path)
     problem = unsafe_value(state)
