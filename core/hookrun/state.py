@@ -58,7 +58,8 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
     the plugins' states go first, since only their own ``load_state_dict`` can judge them: a
     plugin that refuses its state raises :class:`PluginStateError` with the runner's own
     state (weights, optimizer, position, RNG) untouched and the plugins already given their
-    state put back as they were.
+    state given back a copy of what they held before (as far as their ``load_state_dict``
+    takes it: the EMA plugin, before it has seen the model, keeps what it was last given).
     """
     if resume:
         _restore_plugins(runner, checkpoint.get("plugins", {}))
