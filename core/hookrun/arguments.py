@@ -150,6 +150,19 @@ class RunnerArguments(BaseModel):
     ddp: dict[str, Any] | None = Field(
         None, description="Keyword arguments for DistributedDataParallel under torchrun."
     )
+    stop_signals: list[str] = Field(
+        ["SIGTERM", "SIGINT"],
+        description="Signals that stop training at the next iteration boundary, with a "
+        "checkpoint saved there; the process then ends by the signal (exit 128+N). Add "
+        "`SIGUSR1` where a scheduler warns with it; `[]` leaves signals alone.",
+    )
+
+    @field_validator("stop_signals")
+    @classmethod
+    def _catchable(cls, value: list[str]) -> list[str]:
+        from hookrun.lifecycle import signal_name
+
+        return list(dict.fromkeys(signal_name(raw) for raw in value))
 
     @field_validator("work_dir", "device", mode="before")
     @classmethod

@@ -10,10 +10,12 @@ which the checkpoint restores.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
+import signal
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -107,9 +109,16 @@ class EpochBatches(Sampler[list[int]]):
 
 
 class ResumableLoader:
-    """A ``DataLoader`` rebuilt so that any epoch can start at any batch."""
+    """A ``DataLoader`` rebuilt so that any epoch can start at any batch; its workers ignore
+    ``quiet_signals`` (the run's stop signals, which the main process acts on)."""
 
-    def __init__(self, loader: DataLoader, seed: int, sampler: Sampler | None = None) -> None:
+    def __init__(
+        self,
+        loader: DataLoader,
+        seed: int,
+        sampler: Sampler | None = None,
+        quiet_signals: Sequence[int] = (),
+    ) -> None:
         self.original = loader
         batch_sampler = loader.batch_sampler
         if sampler is not None:
@@ -118,11 +127,15 @@ class ResumableLoader:
         assert batch_sampler is not None
         workers = loader.num_workers
         self.batches = EpochBatches(batch_sampler, seed, seeded=workers > 0)
+        options = loader_options(loader)
+        if workers > 0 and quiet_signals:
+            user_init = options["worker_init_fn"]
+            options["worker_init_fn"] = functools.partial(_quiet_worker, quiet_signals, user_init)
         self.loader = DataLoader(
             SeededDataset(loader.dataset) if workers > 0 else loader.dataset,
             batch_sampler=self.batches,
             generator=torch.Generator().manual_seed(mix_seed(seed, -1)),
-            **loader_options(loader),
+            **options,
         )
 
     @property
@@ -156,6 +169,18 @@ def loader_options(loader: DataLoader) -> dict[str, Any]:
     }
 
 
+def _quiet_worker(
+    numbers: Sequence[int], user_init: Callable[[int], None] | None, worker_id: int
+) -> None:
+    """A worker's start: ignore the stop signals, then the user's ``worker_init_fn``. Runs
+    after torch's own worker setup, which ends a worker on any SIGTERM not from its parent;
+    SLURM and torchrun signal the whole process group, workers included."""
+    for number in numbers:
+        signal.signal(number, signal.SIG_IGN)
+    if user_init is not None:
+        user_init(worker_id)
+
+
 class PlainLoader:
     """Any other re-iterable of batches; resuming mid-epoch skips by iterating past batches."""
 
@@ -176,6 +201,7 @@ def make_loader(
     loader: Any,
     seed: int,
     sampler: Sampler | None = None,
+    quiet_signals: Sequence[int] = (),
 ) -> ResumableLoader | PlainLoader | None:
     """Wrap what the user passed; map-style ``DataLoader``s get exact resume."""
     if loader is None:
@@ -185,7 +211,7 @@ def make_loader(
         and loader.batch_size is not None
         and not isinstance(loader.dataset, IterableDataset)
     ):
-        return ResumableLoader(loader, seed, sampler)
+        return ResumableLoader(loader, seed, sampler, quiet_signals)
     return PlainLoader(loader)
 
 

@@ -262,7 +262,8 @@ def before_val(runner: RunnerProtocol) -> None:
 
 @hookspec
 def after_val(runner: RunnerProtocol) -> None:
-    """Fires after a validation pass, after ``after_val_epoch``.
+    """Fires after a validation pass, after ``after_val_epoch``; also when a stop signal cut
+    the pass short (then ``after_val_epoch`` did not fire).
 
     Arguments: ``runner``.
     A hook may: restore what ``before_val`` changed.
@@ -448,6 +449,26 @@ def before_save_checkpoint(runner: RunnerProtocol, checkpoint: dict[str, Any]) -
         @hookimpl
         def before_save_checkpoint(self, checkpoint):
             checkpoint["meta"]["git_commit"] = self.commit
+    """
+
+
+@hookspec(firstresult=True)
+def save_on_stop(runner: RunnerProtocol, signum: int) -> Any:
+    """Asked once when a stop signal (``runner.stop_signals``: SIGTERM, SIGINT, ...) ends
+    training, at an iteration boundary of training or validation: the position and the
+    weights agree, and a save now resumes exactly. Fires on every rank.
+
+    Arguments: ``runner``; ``signum``, the signal's number.
+    Return: the path of the checkpoint saved (the first hook that returns one wins), or
+    None to leave the save to the next hook; when none saves, the core writes
+    ``<checkpoint_dir>/stop_iter_<N>.pt``. After it, training ends (``after_train_epoch``,
+    ``after_train``, ``after_run``) and the process ends by the signal.
+
+    Example::
+
+        @hookimpl
+        def save_on_stop(self, runner, signum):
+            return runner.save_checkpoint(runner.checkpoint_dir / "preempted.pt")
     """
 
 

@@ -7,7 +7,9 @@ what makes mid-epoch resume exact. The step itself (backward, optimizer) is
 
 from __future__ import annotations
 
+import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +27,8 @@ class TrainLoop:
         self.runner = runner
         self.hooks = runner.hooks
         self.loader = runner._loaders["train"]
+        self.stop = runner.stop_signals
+        self.stop_saved = False
 
     def run(self) -> None:
         runner, loader = self.runner, self.loader
@@ -48,9 +52,9 @@ class TrainLoop:
                     self.hooks.before_train_epoch(runner=runner)
                     self.train_epoch(pos.batch, per_epoch)
                 self.end_epoch(per_epoch)
-            if self.epoch_validation_due():
+            if self.stop.agreed is None and self.epoch_validation_due():
                 self.validate()
-            if runner.stop_training or self.iters_done():
+            if runner.stop_training or self.iters_done() or self.stopping():
                 break
             pos.next_epoch()
 
@@ -82,9 +86,17 @@ class TrainLoop:
         reporter, schedule = runner.reporter, runner.validation_schedule
         interval, last = reporter.interval, reporter.last
         step = TrainStep(runner, per_epoch)
+        stop = self.stop
+        agree = stop.agree if stop.distributed else None
         before_iter = hooks.before_train_iter if hooks.before_train_iter.used else None
         after_iter = hooks.after_train_iter if hooks.after_train_iter.used else None
+        clock = runner.clock  # read inline: a method call per iteration costs a microsecond
+        record, now, world = clock.pending.append, time.perf_counter, runner.world_size
+        mark = since = now()  # the previous iteration's end; the end of its hooks
         for batch_idx, batch in enumerate(self.loader.epoch_iter(pos.epoch, skip), start=skip):
+            arrived = now()
+            first = batch[0] if type(batch) in (tuple, list) and batch else batch
+            count = first.shape[0] if type(first) is torch.Tensor and first.ndim else 0
             if move:
                 batch = to_device(batch, device)
             if before_iter is not None:
@@ -94,15 +106,28 @@ class TrainLoop:
             if report:
                 reporter.keep_lrs()
             outputs = step(batch, batch_idx)
+            ended = now()
+            record((ended - mark, arrived - since, (count or batch_size(batch)) * world))
+            mark = since = ended
             if after_iter is not None:
                 after_iter(runner=runner, batch_idx=batch_idx, batch=batch, outputs=outputs)
+                since = now()
             pos.iter_ending = False
             if report:
+                paused = now()
                 reporter.report(done)
-            if by_iters and schedule.due(done):
+                if agree is not None:
+                    agree()
+                paused = now() - paused  # reports are cut out of the next period
+                mark, since = mark + paused, since + paused
+            if by_iters and stop.agreed is None and schedule.due(done):
+                paused = now()
                 self.validate()
-            if runner.stop_training or (by_iters and self.iters_done()):
+                paused = now() - paused
+                mark, since = mark + paused, since + paused
+            if runner.stop_training or stop.agreed is not None or (by_iters and self.iters_done()):
                 break
+        self.stopping()
 
     def end_epoch(self, per_epoch: int) -> None:
         """Close an epoch; one cut short by ``stop_training`` stays resumable mid-epoch."""
@@ -118,11 +143,41 @@ class TrainLoop:
         pos.epoch_ending = False
 
     def validate(self) -> None:
-        runner = self.runner
+        """Validate; the position says so before ``after_val_epoch``, so a checkpoint saved
+        from there on (a best one) resumes after this validation, with the random state it
+        left. A stop signal inside validation cuts it short: the random state goes back to
+        where validation began, and the stop's save resumes by validating again."""
+        runner, pos = self.runner, self.runner.position
         start = time.perf_counter()
-        evaluate(runner, runner._loaders["val"], "val", hooks=True)
+        rng = runner.rng_state() if self.stop.numbers else None
+
+        def validated() -> None:
+            pos.phase = Phase.VALIDATED
+
+        metrics = evaluate_or_stop(runner, runner._loaders["val"], "val", True, done=validated)
         runner.reporter.validation_took(time.perf_counter() - start)
-        runner.position.phase = Phase.VALIDATED
+        if metrics is None and rng is not None:
+            runner.set_rng_state(rng)
+            self.stopping()
+
+    def stopping(self) -> bool:
+        """Whether a stop signal ends training here; the first time, save the state for it:
+        the checkpoint plugin's ``save_on_stop``, else the core's ``stop_iter_<N>.pt``."""
+        signum = self.stop.agreed
+        if signum is None:
+            return False
+        runner = self.runner
+        runner.stop_training = True
+        if not self.stop_saved:
+            self.stop_saved = True
+            path = runner.hooks.save_on_stop(runner=runner, signum=signum)
+            if path is None:
+                path = runner.save_checkpoint(
+                    runner.checkpoint_dir / f"stop_iter_{runner.position.iter}.pt"
+                )
+            name = signal.Signals(signum).name
+            runner.info(f"{name} received: saved {path}; stopping")
+        return True
 
 
 class TrainStep:
@@ -177,9 +232,22 @@ class TrainStep:
 
 
 def evaluate(runner: Any, loader: Any, mode: str, hooks: bool) -> dict[str, float]:
+    """:func:`evaluate_or_stop` that no stop signal can cut short."""
+    metrics = evaluate_or_stop(runner, loader, mode, hooks, done=None)
+    assert metrics is not None  # only a pass given ``done`` is stoppable
+    return metrics
+
+
+def evaluate_or_stop(
+    runner: Any, loader: Any, mode: str, hooks: bool, done: Callable[[], None] | None
+) -> dict[str, float] | None:
     """One pass over ``loader`` in eval mode, metrics averaged over every sample of every
     rank. With ``hooks`` the ``*_{mode}*`` hook points fire, all of them in eval mode, and
-    the metrics go to the writers; the training mode is restored afterwards."""
+    the metrics go to the writers; the training mode is restored afterwards. ``done`` is
+    called once the pass is complete, before ``after_{mode}_epoch``.
+
+    A stop signal agreed during the pass (in training) ends it at a batch boundary: then
+    ``after_{mode}_epoch`` does not fire, ``after_{mode}`` does, and the result is None."""
     points = runner.hooks if hooks else None
     model = runner.unwrapped_model
     was_training = model.training
@@ -189,24 +257,34 @@ def evaluate(runner: Any, loader: Any, mode: str, hooks: bool) -> dict[str, floa
             getattr(points, f"before_{mode}")(runner=runner)
             getattr(points, f"before_{mode}_epoch")(runner=runner)
         dist.broadcast_buffers(model)  # the weights evaluated, an EMA's swapped in too
-        metrics = _pass(runner, loader, mode, points)
+        metrics = _pass(runner, loader, mode, points, stoppable=done is not None)
+        if metrics is not None and done is not None:
+            done()
         if points is not None:
-            getattr(points, f"after_{mode}_epoch")(runner=runner, metrics=metrics)
-            runner.last_metrics[mode] = dict(metrics)
-            runner.write_scalars({f"{mode}/{k}": v for k, v in metrics.items()})
+            if metrics is not None:
+                getattr(points, f"after_{mode}_epoch")(runner=runner, metrics=metrics)
+                runner.last_metrics[mode] = dict(metrics)
+                runner.write_scalars({f"{mode}/{k}": v for k, v in metrics.items()})
             getattr(points, f"after_{mode}")(runner=runner)
     finally:
         model.train(was_training)
     return metrics
 
 
-def _pass(runner: Any, loader: Any, mode: str, points: Any) -> dict[str, float]:
+def _pass(
+    runner: Any, loader: Any, mode: str, points: Any, stoppable: bool
+) -> dict[str, float] | None:
+    """The metrics, or None when a stop signal ended a ``stoppable`` pass (the training
+    loop's validation; under torch.distributed it is only agreed between iterations)."""
+    stop = runner.stop_signals if stoppable else None
     before_iter = getattr(points, f"before_{mode}_iter", None)
     after_iter = getattr(points, f"after_{mode}_iter", None)
     means = MetricMeans(runner.device)
     model, device = runner.unwrapped_model, runner.device
     with torch.no_grad():
         for batch_idx, batch in enumerate(loader.epoch_iter(0)):
+            if stop is not None and stop.agreed is not None:
+                return None
             batch = to_device(batch, device)
             if before_iter is not None:
                 before_iter(runner=runner, batch_idx=batch_idx, batch=batch)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import IntEnum
-from typing import Any, ClassVar, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 import pluggy
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from hookrun.surface import RunnerProtocol
 
 hookimpl = pluggy.HookimplMarker("hookrun")
 
@@ -51,6 +55,12 @@ class Plugin(Generic[SettingsT]):
         self.settings: SettingsT = (
             settings if settings is not None else cast(SettingsT, self.Settings())
         )
+
+    def unused_hooks(self, runner: RunnerProtocol) -> Collection[str]:
+        """Hook points that, with these settings and this runner, have nothing to do: the
+        core does not call them. Asked once, when the Runner is constructed (``runner`` is
+        complete but not yet training)."""
+        return ()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} priority={self.priority}>"

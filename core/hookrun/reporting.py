@@ -47,6 +47,7 @@ class Reporter:
     def report(self, done: int) -> None:
         """Read, write and announce the report of ``done`` completed iterations (rank 0)."""
         runner = self.runner
+        runner.clock.fold()
         if not runner.is_main:
             return
         scalars = runner.scalars.report("train/")

@@ -7,7 +7,7 @@ What plugins may use of it is :class:`hookrun.RunnerProtocol` (:mod:`hookrun.sur
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +19,11 @@ from hookrun import checkpoint as ckpt_io
 from hookrun import dist
 from hookrun import state as run_state
 from hookrun.arguments import check_arguments, resolve_device
+from hookrun.clock import IterationClock
 from hookrun.data import make_loader, seed_all, shard_sampler, train_sampler
 from hookrun.dispatch import HookStats
 from hookrun.errors import CheckpointError, ConfigError
+from hookrun.lifecycle import DEFAULT_STOP_SIGNALS, StopSignals
 from hookrun.loop import LoopPosition, ValidationSchedule
 from hookrun.loops import TrainLoop, evaluate
 from hookrun.manager import PluginManager
@@ -68,6 +70,7 @@ class Runner:
         dist_timeout: float = 600.0,
         sync_bn: bool = False,
         ddp: Mapping[str, Any] | None = None,
+        stop_signals: Sequence[str] = DEFAULT_STOP_SIGNALS,
         config: Mapping[str, Any] | None = None,
     ) -> None:
         args = check_arguments(
@@ -87,6 +90,7 @@ class Runner:
             dist_timeout=dist_timeout,
             sync_bn=sync_bn,
             ddp=ddp,
+            stop_signals=list(stop_signals),
         )
         if strategy == "fsdp":
             raise ConfigError("runner.strategy: 'fsdp' is not available in this version")
@@ -114,10 +118,15 @@ class Runner:
         self.train_dataloader = train_dataloader
         self.val_dataloader = val_dataloader
         self.test_dataloader = test_dataloader
+        self.stop_signals = StopSignals(args.stop_signals)
+        self.dist_timeout = dist_timeout
+        quiet = self.stop_signals.numbers  # left to the main process by loader workers
         self._loaders = {
-            "train": make_loader(train_dataloader, seed, train_sampler(train_dataloader, seed)),
-            "val": make_loader(val_dataloader, seed, shard_sampler(val_dataloader)),
-            "test": make_loader(test_dataloader, seed, shard_sampler(test_dataloader)),
+            "train": make_loader(
+                train_dataloader, seed, train_sampler(train_dataloader, seed), quiet
+            ),
+            "val": make_loader(val_dataloader, seed, shard_sampler(val_dataloader), quiet),
+            "test": make_loader(test_dataloader, seed, shard_sampler(test_dataloader), quiet),
         }
         self.max_epochs = max_epochs if max_epochs is not None or max_iters else 10
         self._max_iters = max_iters
@@ -146,10 +155,12 @@ class Runner:
         self.mode = "idle"
         self.resumed_from: Path | None = None
         self.last_metrics: dict[str, dict[str, float]] = {}
+        self.manager.drop_unused(self)
         self.optimizer_step = OptimizerStep(
             self, self.hooks, self.scalars, grad_accum, self.clip_grad, self.scaler
         )
         self.reporter = Reporter(self, log_interval)
+        self.clock = IterationClock()
         self._depth = 0
 
     # -- counters and helpers ------------------------------------------------------------
@@ -262,14 +273,22 @@ class Runner:
         """Train from scratch, from ``resume`` (a path), or from the newest checkpoint ("auto")."""
         if self._loaders["train"] is None or self.optimizer is None:
             raise ConfigError("runner.train: train_dataloader and optimizer are required")
-        with self._run("train"):
-            self.hooks.before_run(runner=self)
-            if resume is not None:
-                run_state.resume(self, resume)
-            self.hooks.before_train(runner=self)
-            TrainLoop(self).run()
-            self.hooks.after_train(runner=self)
-            self.hooks.after_run(runner=self)
+        stop = self.stop_signals
+        if not stop.install(self.world_size, self.dist_timeout):
+            self.info("not in the main thread: stop signals are left alone")
+        try:
+            with self._run("train"):
+                self.clock.start()
+                self.hooks.before_run(runner=self)
+                if resume is not None:
+                    run_state.resume(self, resume)
+                self.hooks.before_train(runner=self)
+                TrainLoop(self).run()
+                self.hooks.after_train(runner=self)
+                self.hooks.after_run(runner=self)
+        finally:
+            stop.restore()
+        stop.redeliver()  # after every after_run and the writers' close
 
     def val(self) -> dict[str, float]:
         """Evaluate on ``val_dataloader`` with the current weights."""
@@ -281,7 +300,9 @@ class Runner:
 
     def evaluate(self, dataloader: Iterable[Any], mode: str = "val") -> dict[str, float]:
         """Metrics of ``dataloader`` without calling any hook (for plugins that need a pass)."""
-        loader = make_loader(dataloader, self.seed, shard_sampler(dataloader))
+        loader = make_loader(
+            dataloader, self.seed, shard_sampler(dataloader), self.stop_signals.numbers
+        )
         return evaluate(self, loader, mode, hooks=False)
 
     # -- checkpoints ---------------------------------------------------------------------

@@ -41,7 +41,9 @@ class ScalarStore:
             self.put(prefix + name, value)
 
     def gauge(self, name: str, value: Any) -> None:
-        """Set the gauge ``name``: reports write its current value, not a mean."""
+        """Set the gauge ``name``: reports write its current value, not a mean. A computed
+        gauge (an object with ``__float__``, not a tensor) reading NaN has no value yet and
+        is left out."""
         self._gauges.add(name)
         self.put(name, value)
 
@@ -61,7 +63,16 @@ class ScalarStore:
             names.append(name)
             pending.append(values[0] if fresh == 1 else _mean(values))
             self._fresh[name] = 0
-        return dict(zip(names, to_floats(pending), strict=True))
+        return self._without_unset(names, pending)
+
+    def _without_unset(self, names: list[str], values: list[Any]) -> dict[str, float]:
+        """Host floats of ``values``, leaving out computed gauges with no value yet."""
+        floats = to_floats(values)
+        return {
+            name: number
+            for name, number, value in zip(names, floats, values, strict=True)
+            if not (number != number and name in self._gauges and not torch.is_tensor(value))
+        }
 
     def names(self) -> list[str]:
         return list(self._latest)
@@ -69,7 +80,7 @@ class ScalarStore:
     def latest(self, names: Iterable[str] | None = None) -> dict[str, float]:
         """Latest values as floats (one batched transfer)."""
         keys = list(self._latest) if names is None else [n for n in names if n in self._latest]
-        return dict(zip(keys, to_floats([self._latest[k] for k in keys]), strict=True))
+        return self._without_unset(keys, [self._latest[k] for k in keys])
 
     def mean(
         self, names: Iterable[str] | None = None, window: int | None = None

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from torch import nn
 
+    from hookrun.clock import IterationClock
     from hookrun.dispatch import HookStats
     from hookrun.loop import LoopPosition, ValidationSchedule
     from hookrun.scalars import ScalarStore
@@ -173,6 +174,13 @@ class RunnerProtocol(Protocol):
     @property
     def plugin_order(self) -> list[tuple[str, object]]:
         """Active plugins and ad-hoc hooks in call order (name, object)."""
+
+    @property
+    def clock(self) -> IterationClock:
+        """Iteration timings the training loop takes itself (period, data time, samples),
+        read by the timer plugin; ``clock.warmup`` sets how many it leaves out of the timed
+        totals."""
+        ...
 
     @property
     def hook_stats(self) -> HookStats:

@@ -353,6 +353,35 @@ class KillAt:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class SignalAt:
+    """Ad-hoc hook: sends the signal ``name`` to this process, or with ``group`` to its whole
+    process group (DataLoader workers included, as SLURM and torchrun do), from hook point
+    ``hook`` (``after_train_iter`` or ``after_val_iter``) once ``iters`` iterations ran."""
+
+    priority = 0
+
+    def __init__(self, hook: str, iters: int, name: str = "SIGTERM", group: bool = False):
+        self.hook, self.iters, self.group = hook, iters, group
+        self.signum = signal.Signals[name]
+        self.sent = False
+
+    def _maybe_send(self, hook: str, done: int) -> None:
+        if hook == self.hook and done == self.iters and not self.sent:
+            self.sent = True
+            if self.group:
+                os.killpg(os.getpgid(0), self.signum)
+            else:
+                os.kill(os.getpid(), self.signum)
+
+    @_hookimpl
+    def after_train_iter(self, runner: Any) -> None:
+        self._maybe_send("after_train_iter", runner.iter + 1)
+
+    @_hookimpl
+    def after_val_iter(self, runner: Any) -> None:
+        self._maybe_send("after_val_iter", runner.iter)
+
+
 class SaveEvery:
     """Ad-hoc hook: ``iter_<n>.pt`` every ``interval`` iterations and ``epoch_<n>.pt`` at each
     epoch end (when ``epochs``) in the checkpoint folder, after the other iteration hooks."""
@@ -378,12 +407,14 @@ def resume_job(
     resume: bool = False,
     workers: int = 0,
     save_every: int = 2,
+    signal_at: Mapping[str, Any] | None = None,
     **overrides: Any,
 ) -> Runner:
     """Train the resume task (:func:`resume_task_kwargs`) with ``plugins`` in this process,
     saving every ``save_every`` iterations and each epoch (:class:`SaveEvery`), SIGKILLed
     once ``kill_at`` iterations ran (:class:`KillAt`); ``resume=True`` continues from the
-    newest checkpoint. Writes ``work_dir/final.pt`` at the end and returns the runner.
+    newest checkpoint; ``signal_at`` holds :class:`SignalAt`'s arguments. Writes
+    ``work_dir/final.pt`` at the end and returns the runner.
     Sets one intra-op thread (restore it when calling this inside a test process)."""
     import torch
 
@@ -391,6 +422,8 @@ def resume_job(
 
     torch.set_num_threads(1)  # the same arithmetic in every process, whatever its threads
     hooks = [SaveEvery(save_every), KillAt(kill_at), *overrides.pop("hooks", ())]
+    if signal_at is not None:
+        hooks.append(SignalAt(**signal_at))
     kwargs = resume_task_kwargs(work_dir, workers, plugins=dict(plugins or {}), hooks=hooks)
     kwargs.update(overrides)
     runner = Runner(**kwargs)
@@ -405,10 +438,12 @@ def run_job(
     timeout: float = 240,
     env: Mapping[str, str] | None = None,
     cwd: str | Path | None = None,
+    new_session: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``command`` (a Python script or module after ``sys.executable``) in a fresh process
     with only named plugins loading; assert its exit status is ``expect`` (``-signal.SIGKILL``
-    for a killed job) and return it with its captured output."""
+    for a killed job) and return it with its captured output. ``new_session``: in its own
+    process group, which it may signal as a whole."""
     proc = subprocess.run(
         [sys.executable, *map(str, command)],
         env=isolated_env(env),
@@ -416,6 +451,7 @@ def run_job(
         capture_output=True,
         text=True,
         timeout=timeout,
+        start_new_session=new_session,
     )
     assert proc.returncode == expect, (
         f"exit status {proc.returncode}, expected {expect}\n{proc.stdout[-3000:]}\n"
@@ -428,9 +464,11 @@ def run_resume_job(
     work_dir: str | Path, expect: int = 0, timeout: float = 240, **options: Any
 ) -> subprocess.CompletedProcess[str]:
     """:func:`resume_job` with JSON-able ``options`` in a fresh process (``python -m
-    hookrun.testing``), through :func:`run_job`."""
+    hookrun.testing``), through :func:`run_job`; in its own process group when it signals
+    the group."""
     command = ["-m", "hookrun.testing", str(work_dir), json.dumps(options)]
-    return run_job(command, expect=expect, timeout=timeout)
+    group = bool((options.get("signal_at") or {}).get("group"))
+    return run_job(command, expect=expect, timeout=timeout, new_session=group)
 
 
 def check_kill_and_resume(

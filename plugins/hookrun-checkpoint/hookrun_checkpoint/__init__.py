@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-import signal
 import sys
 import threading
 from collections import OrderedDict
@@ -40,7 +39,6 @@ from hookrun import (
 __all__ = ["Checkpoint", "CheckpointSettings"]
 
 Rule = Literal["greater", "less"]
-UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
 STALE_TEMP = re.compile(r"\.(?:[\w.-]+\.pt|latest)\..+\.tmp")
 
 
@@ -98,12 +96,6 @@ class CheckpointSettings(PluginSettings):
         description="When training raises (Ctrl-C included), save "
         "`emergency_iter_<N>.pt` before the exception goes on.",
     )
-    save_on_signal: list[str] = Field(
-        ["SIGTERM"],
-        description="Signals that mean 'preempted': finish the current iteration, save, stop "
-        "and exit with the signal's status. The handlers are installed for the run only. `[]` "
-        "leaves signals alone.",
-    )
     async_save: bool = Field(
         False,
         description="Copy the state to host memory and write the file in a background thread, "
@@ -132,17 +124,6 @@ class CheckpointSettings(PluginSettings):
                     raise ValueError(undecided(name))
         return value
 
-    @field_validator("save_on_signal")
-    @classmethod
-    def _check_signals(cls, value: list[str]) -> list[str]:
-        names = []
-        for raw in value:
-            name = raw.upper() if raw.upper().startswith("SIG") else "SIG" + raw.upper()
-            if name in UNCATCHABLE or name not in signal.Signals.__members__:
-                raise ValueError(f"{raw!r} is not a signal this platform can catch")
-            names.append(name)
-        return names
-
 
 class Checkpoint(Plugin[CheckpointSettings]):
     """Saves checkpoints by epoch or iteration, the best ones, and on exceptions and signals."""
@@ -160,8 +141,8 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self.out_dir = Path("checkpoints")
         self.protected: str | None = None  # the file this run resumed from
         self.training = False
-        self.stopped = False  # the signal checkpoint is saved: no more saves this run
-        self.signals = SignalCatcher()
+        self.stopped = False  # the stop signal's checkpoint is saved: no more saves this run
+        self.saved: tuple[dict[str, Any], str] | None = None  # (loop, file) of the last save
         self.writer = BackgroundWriter()
 
     # -- state ---------------------------------------------------------------------------
@@ -188,12 +169,11 @@ class Checkpoint(Plugin[CheckpointSettings]):
         if runner.mode != "train":
             return
         self.training = self.stopped = False
+        self.saved = None
         if runner.is_main and self.out_dir.is_dir():
             for leftover in self.out_dir.iterdir():  # temporary files of a killed write
                 if STALE_TEMP.fullmatch(leftover.name):
                     leftover.unlink(missing_ok=True)
-        if not self.signals.install(self.settings.save_on_signal, runner.world_size > 1):
-            runner.info("checkpoint: not in the main thread, so save_on_signal is not active")
 
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
@@ -207,25 +187,23 @@ class Checkpoint(Plugin[CheckpointSettings]):
         if self.settings.save_best and runner.val_dataloader is None:
             runner.info("checkpoint: save_best is set but there is no val_dataloader")
 
+    def unused_hooks(self, runner: RunnerProtocol) -> set[str]:
+        """Saving by epoch needs no per-iteration hook."""
+        return {"after_train_iter"} if self.settings.by_epoch else set()
+
     @hookimpl
     def after_train_iter(self, runner: RunnerProtocol) -> None:
         s = self.settings
-        due = not s.by_epoch and (
-            runner.every_n_iters(s.interval) or (s.save_last and runner.is_last_iter())
-        )
-        signals = self.signals  # checked inline: this runs every iteration
-        if due or signals.signum is not None or signals.group is not None:
-            self._save_and_maybe_stop(runner, due)
+        if runner.every_n_iters(s.interval) or (s.save_last and runner.is_last_iter()):
+            self._save(runner)
 
     @hookimpl
     def after_train_epoch(self, runner: RunnerProtocol) -> None:
-        if self.stopped:
-            return
         s = self.settings
-        due = s.by_epoch and (
-            runner.every_n_epochs(s.interval) or (s.save_last and runner.is_last_epoch())
-        )
-        self._save_and_maybe_stop(runner, due)
+        if self.stopped or not s.by_epoch:
+            return
+        if runner.every_n_epochs(s.interval) or (s.save_last and runner.is_last_epoch()):
+            self._save(runner)
 
     @hookimpl
     def after_val_epoch(self, runner: RunnerProtocol, metrics: dict[str, float]) -> None:
@@ -251,9 +229,16 @@ class Checkpoint(Plugin[CheckpointSettings]):
             runner.info(f"checkpoint: new best {scores}")
 
     @hookimpl
-    def after_val(self, runner: RunnerProtocol) -> None:
-        if self.training and not self.stopped:
-            self._save_and_maybe_stop(runner, due=False)
+    def save_on_stop(self, runner: RunnerProtocol) -> Path:
+        """The stop signal's checkpoint, named by its position like a periodic one; when the
+        last file saved holds this very position (a signal during the validation that
+        followed it), that file is the answer and nothing is written again."""
+        self.stopped = True
+        if self.saved is not None and self.saved[0] == runner.position.state_dict():
+            return self.out_dir / self.saved[1]
+        self._save(runner, background=False)
+        assert self.latest is not None
+        return self.out_dir / self.latest
 
     @hookimpl
     def after_train(self) -> None:
@@ -261,23 +246,13 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
     @hookimpl
     def after_run(self, runner: RunnerProtocol) -> None:
-        """Wait for the write in flight, put the signal handlers back, then re-deliver a
-        caught signal so that the process ends the way the signal would have ended it."""
+        """Wait for the write in flight."""
         if runner.mode != "train":
             return
         try:
             self.writer.wait()
         finally:
             self.writer.release()
-            previous = self.signals.restore()
-        signum = self.signals.signum
-        if signum is None:
-            return
-        if previous.get(signum) == signal.SIG_DFL:  # the process ends now: flush the logs
-            for writer in runner.writers:
-                writer.close()
-            runner.writers = []
-        signal.raise_signal(signum)
 
     @hookimpl
     def on_exception(self, runner: RunnerProtocol, exception: BaseException) -> None:
@@ -288,7 +263,6 @@ class Checkpoint(Plugin[CheckpointSettings]):
             runner.info(str(exc))
         finally:
             self.writer.release()
-            self.signals.restore(wait=False)
         training, self.training = self.training, False
         if (
             not training
@@ -301,16 +275,6 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self._save(runner, emergency=True, background=False)
 
     # -- saving --------------------------------------------------------------------------
-
-    def _save_and_maybe_stop(self, runner: RunnerProtocol, due: bool) -> None:
-        stop = self.signals.received()
-        if due or stop:
-            self._save(runner)
-        if stop:
-            self.stopped = True
-            runner.stop_training = True
-            name = signal.Signals(self.signals.signum).name  # type: ignore[arg-type]
-            runner.info(f"checkpoint: {name} received, saved {self.latest}; stopping")
 
     def _save(
         self,
@@ -334,6 +298,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
             self.kept = [name for name in self.kept if name != names[0]] + names
         delete = self._rotate()
         self.latest = names[-1]
+        self.saved = (dict(state["loop"]), names[-1])
         state.setdefault("plugins", {})[self.name] = self.state_dict()
         paths = [self.out_dir / name for name in names]
         background = background and self.settings.async_save
@@ -428,81 +393,6 @@ def position_name(state: dict[str, Any], by_epoch: bool) -> str:
     if by_epoch and state["loop"]["phase"] != "train":
         return f"epoch_{state['meta']['epoch']}.pt"
     return f"iter_{state['meta']['iter']}.pt"
-
-
-class SignalCatcher:
-    """Handlers that only note the signal, installed for one run and then put back.
-
-    Under torch.distributed the ranks agree so that every rank stops at the same iteration:
-    each check starts a one-integer all-reduce over a gloo group in the background and reads
-    the one started by the previous check, so no check waits on the network (no device
-    synchronisation either). A signal therefore stops training one check later than in a
-    single process.
-    """
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.previous: dict[int, Any] = {}
-        self.group: Any = None
-        self.pending: tuple[Any, torch.Tensor] | None = None  # the all-reduce in flight
-        self.agreed = False
-
-    def install(self, names: list[str], distributed: bool) -> bool:
-        self.signum = None
-        self.agreed = False
-        if not names:
-            return True
-        if threading.current_thread() is not threading.main_thread():
-            return False
-        if distributed and self.group is None:
-            self.group = torch.distributed.new_group(backend="gloo")
-        for name in names:
-            number = signal.Signals[name]
-            if number not in self.previous:
-                self.previous[number] = signal.signal(number, self._note)
-        return True
-
-    def _note(self, signum: int, _frame: Any) -> None:
-        if self.signum is None:
-            self.signum = signum
-
-    def received(self) -> bool:
-        """Whether to stop now: the signal this process caught, or under torch.distributed
-        the one any rank had caught by the previous check."""
-        if self.group is None or not self.previous or self.agreed:
-            return self.signum is not None
-        agreed = self._collect()
-        if agreed:
-            self.signum, self.agreed = agreed, True
-            return True
-        flag = torch.tensor([self.signum or 0])
-        work = torch.distributed.all_reduce(
-            flag, op=torch.distributed.ReduceOp.MAX, group=self.group, async_op=True
-        )
-        self.pending = (work, flag)
-        return False
-
-    def _collect(self) -> int:
-        """The signal the ranks agreed on at the previous check (0: none)."""
-        if self.pending is None:
-            return 0
-        work, flag = self.pending
-        self.pending = None
-        work.wait()
-        return int(flag.item())
-
-    def restore(self, wait: bool = True) -> dict[int, Any]:
-        """Finish the agreement in flight (or, with ``wait=False`` on a failing run whose peers
-        may be gone, drop it) and put the previous handlers back; returns them by signal
-        number."""
-        if wait:
-            self._collect()
-        self.pending = None
-        previous = {n: signal.SIG_DFL if h is None else h for n, h in self.previous.items()}
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-        self.previous = {}
-        return previous
 
 
 class BackgroundWriter:

@@ -93,7 +93,7 @@ def test_sigterm_saves_exits_terminated_and_resumes_exactly(
     saved = newest(tmp_path)
     stopped_at = int(saved.removeprefix("iter_").removesuffix(".pt"))
     assert 8 <= stopped_at < 21
-    assert out.splitlines()[-1].endswith(f"saved {saved}; stopping")
+    assert out.splitlines()[-1].endswith(f"/{saved}; stopping")
     assert not (tmp_path / "final.pt").exists()
     out = run(tmp_path, resume=True)
     assert iterations(out)[0] == f"iter {stopped_at + 1}"

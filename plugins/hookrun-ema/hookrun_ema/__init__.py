@@ -110,6 +110,10 @@ class EMA(Plugin[EMASettings]):
             shadow.update(decay)
             self.updates = t + 1
 
+    def unused_hooks(self, runner: RunnerProtocol) -> set[str]:
+        """Without ``start_iter`` there is no end of tracking to catch every iteration."""
+        return {"after_train_iter"} if self.settings.start_iter == 0 else set()
+
     @hookimpl
     def after_train_iter(self, runner: RunnerProtocol) -> None:
         """Tracking ends: averaging starts from the weights the first ``start_iter`` iterations

@@ -1,19 +1,19 @@
 """hookrun-timer: data time, iteration time, throughput, totals and time spent in hooks.
 
-Clocks are host ``perf_counter`` readings taken in the timer's own hooks, so an iteration
-costs a few float operations and never synchronises with the device. On CUDA the iteration
-time and throughput come from CUDA events recorded every iteration and read lazily: the value
-put into ``runner.scalars`` is an object whose ``float()`` waits for the newest event, so the
-one synchronisation happens when the core reads its report, never in between. The values are
-the store's *gauges*: a report writes their current value. (The ETA is the core's.)
+The host clocks are the core's (``runner.clock``: two ``perf_counter`` readings per
+iteration inside the training loop), so on CPU the timer calls no per-iteration hook at all
+and never synchronises with the device. On CUDA the iteration time and throughput come from
+CUDA events recorded every iteration and read lazily: the value put into ``runner.scalars``
+is an object whose ``float()`` waits for the newest event, so the one synchronisation happens
+when the core reads its report, never in between. The values are the store's *gauges*: a
+report writes their current value. (The ETA is the core's.)
 
-One iteration's *period* runs from the timer's ``after_train_iter`` of the previous iteration
-to its own; validation passes inside training are cut out of it. *Data time* is the part of
-the period spent before ``before_train_iter`` minus the time the hooks took in between.
+An iteration's *period* and *data time* are the core clock's (see ``hookrun.clock``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,7 +29,6 @@ from hookrun import (
     PluginSettings,
     Priority,
     RunnerProtocol,
-    batch_size,
     dist,
     format_duration,
     hookimpl,
@@ -91,7 +90,6 @@ class Timer(Plugin[TimerSettings]):
         self.totals: dict[str, float] = dict.fromkeys(TOTAL_KEYS, 0.0)  # earlier segments
         self.profile_rows: dict[tuple[str, str], list[float]] = {}  # earlier segments
         self.segment: Segment | None = None
-        self.deferred: dict[str, Deferred] = {}
         self.profile_was = False  # the core's profiling switch before this run turned it on
 
     @hookimpl
@@ -110,11 +108,23 @@ class Timer(Plugin[TimerSettings]):
         if self.settings.profile_hooks:
             stats.profile = True
         segment = self.segment = Segment(runner, self.settings, use_events)
-        self.deferred = {
+        deferred = {  # live gauges: each computes the current window when read (NaN: empty)
             "train/time": Deferred(lambda: float(segment.speed()[0])),
             "train/data_time": Deferred(segment.data_time),
             "train/throughput": Deferred(lambda: float(segment.speed()[1])),
         }
+        for name, value in deferred.items():
+            runner.scalars.gauge(name, value)
+
+    def unused_hooks(self, runner: RunnerProtocol) -> set[str]:
+        """Per-iteration work remains only for CUDA events and the slowest rank's data time."""
+        if self.events_wanted(runner) or runner.world_size > 1:
+            return set()
+        return {"after_train_iter"}
+
+    def events_wanted(self, runner: RunnerProtocol) -> bool:
+        wanted = self.settings.cuda_events
+        return wanted is True or (wanted == "auto" and runner.device.type == "cuda")
 
     @hookimpl
     def before_train(self) -> None:
@@ -122,22 +132,13 @@ class Timer(Plugin[TimerSettings]):
             self.segment.start_training()
 
     @hookimpl
-    def before_train_iter(self, batch: Any) -> None:
-        segment = self.segment
-        if segment is not None:
-            segment.data_arrived(batch)
-
-    @hookimpl
     def after_train_iter(self, runner: RunnerProtocol) -> None:
         segment = self.segment
         if segment is None:
             return
         segment.iteration_done()
-        timed = segment.timed_iters
-        if timed == 1:  # live gauges, set once: each computes the current window when read
-            for name, value in self.deferred.items():
-                runner.scalars.gauge(name, value)
-        if segment.world_size > 1 and timed and timed % self.settings.window == 0:
+        window = self.settings.window
+        if segment.world_size > 1 and (runner.iter + 1) % window == 0 and segment.timed():
             slowest_rank = slowest(segment.data_time(), runner.device)
             runner.scalars.gauge("train/data_time_max", slowest_rank)
 
@@ -230,10 +231,12 @@ class Segment:
         self.start = now
         self.hooks_start = self.stats.total
         self.profile_start = {k: tuple(v) for k, v in self.stats.per_hook.items()}
+        self.clock = runner.clock
+        self.clock.warmup = settings.warmup
+        self.clock.keep(settings.window)
+        self.size = settings.window
         self.warmup = settings.warmup
         self.world_size = runner.world_size
-        # (period, data time, samples) of the last `window` timed iterations; summed when read
-        self.window: deque[tuple[float, float, int]] = deque(maxlen=settings.window)
         self.events: deque[tuple[Any, Any, int]] | None = (
             deque(maxlen=settings.window) if use_events else None
         )
@@ -241,86 +244,73 @@ class Segment:
         self._speed: tuple[Any, Any] = (0.0, 0.0)
         self._speed_at = -1
         self.training = False
-        self.iters = self.timed_iters = self.val_passes = 0
-        self.seconds = self.timed_seconds = self.val_seconds = 0.0
-        self.mark = self.hooks_mark = self.pause_start = self.pause_hooks = 0.0
-        self.data_now = 0.0
-        self.batch_samples = 0
+        self.iters = self.val_passes = 0  # iterations seen by after_train_iter (CUDA events)
+        self.val_seconds = self.pause_start = 0.0
 
     def start_training(self) -> None:
         self.training = True
-        self.mark = time.perf_counter()
-        self.hooks_mark = self.stats.total
         if self.events is not None:
             self.last_event = record_event()
 
-    def data_arrived(self, batch: Any) -> None:
-        """Data time: since the previous iteration ended, less the hooks run in between."""
-        data = time.perf_counter() - self.mark - (self.stats.total - self.hooks_mark)
-        self.data_now = data if data > 0.0 else 0.0
-        first = batch[0] if type(batch) in (tuple, list) and batch else batch  # samples(), inline
-        count = first.shape[0] if type(first) is torch.Tensor and first.ndim else batch_size(batch)
-        self.batch_samples = count * self.world_size
+    def timed(self) -> bool:
+        """Whether an iteration past warm-up has been folded into the core clock."""
+        self.clock.fold()
+        return self.clock.timed_iters > 0
 
     def iteration_done(self) -> None:
-        """The hot path: a clock reading and a tuple appended; every sum is taken when read."""
-        now = time.perf_counter()
-        period = now - self.mark
-        self.mark = now
-        self.hooks_mark = self.stats.total
+        """CUDA events only: one recorded per iteration, its samples from the core clock."""
         self.iters += 1
-        self.seconds += period
-        timed = self.iters > self.warmup
-        if timed:
-            self.timed_iters += 1
-            self.timed_seconds += period
-            self.window.append((period, self.data_now, self.batch_samples))
         if self.events is not None:
             end_event = record_event()
-            if timed:
-                self.events.append((self.last_event, end_event, self.batch_samples))
+            if self.iters > self.warmup:
+                pending, recent = self.clock.pending, self.clock.recent
+                latest = pending[-1] if pending else recent[-1] if recent else (0, 0, 0)
+                self.events.append((self.last_event, end_event, latest[2]))
             self.last_event = end_event
 
     def data_time(self) -> float:
-        return sum(data for _, data, _ in self.window) / len(self.window)
+        window = self.clock.window(self.size)
+        return sum(data for _, data, _ in window) / len(window) if window else math.nan
 
     def speed(self) -> tuple[Any, Any]:
-        """The window's speed, computed once per iteration however often it is read."""
-        if self._speed_at != self.iters:
-            self._speed, self._speed_at = self._window_speed(), self.iters
+        """The window's speed, computed once per report however often it is read."""
+        self.clock.fold()
+        if self._speed_at != self.clock.iters:
+            self._speed, self._speed_at = self._window_speed(), self.clock.iters
         return self._speed
 
     def _window_speed(self) -> tuple[Any, Any]:
         """Seconds per iteration and samples/s over the window: floats, or with CUDA events
         two lazy values sharing one measurement."""
-        if self.events is not None:
-            window = EventWindow(tuple(self.events))
-            return Lazy(window, "seconds"), Lazy(window, "throughput")
-        seconds = sum(period for period, _, _ in self.window)
-        samples = sum(count for _, _, count in self.window)
-        return seconds / len(self.window), samples / seconds if seconds > 0 else 0.0
+        if self.events:
+            measured = EventWindow(tuple(self.events))
+            return Lazy(measured, "seconds"), Lazy(measured, "throughput")
+        window = self.clock.window(self.size)
+        if not window:
+            return math.nan, math.nan
+        seconds = sum(period for period, _, _ in window)
+        samples = sum(count for _, _, count in window)
+        return seconds / len(window), samples / seconds if seconds > 0 else 0.0
 
     def pause(self) -> None:
         self.pause_start = time.perf_counter()
-        self.pause_hooks = self.stats.total
 
     def resume(self) -> None:
-        """Cut the validation pass out of the running period and count it for the ETA."""
-        paused = time.perf_counter() - self.pause_start
+        """Count the validation pass (the core clock already cuts it out of the periods)."""
         self.val_passes += 1
-        self.val_seconds += paused
-        self.mark += paused
-        self.hooks_mark += self.stats.total - self.pause_hooks
+        self.val_seconds += time.perf_counter() - self.pause_start
         if self.events is not None:
             self.last_event = record_event()
 
     def totals(self) -> dict[str, float]:
+        clock = self.clock
+        clock.fold()
         return {
             "elapsed": time.perf_counter() - self.start,
-            "iters": self.iters,
-            "seconds": self.seconds,
-            "timed_iters": self.timed_iters,
-            "timed_seconds": self.timed_seconds,
+            "iters": clock.iters,
+            "seconds": clock.seconds,
+            "timed_iters": clock.timed_iters,
+            "timed_seconds": clock.timed_seconds,
             "hooks": self.stats.total - self.hooks_start,
             "val_passes": self.val_passes,
             "val_seconds": self.val_seconds,

@@ -1,0 +1,151 @@
+"""Stop signals owned by the core, with real processes and real signals: the stop comes at
+an iteration boundary of training or validation, one checkpoint is saved there, the process
+ends by the signal, and resuming from that checkpoint is exact."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hookrun import Runner, hookimpl
+from hookrun.testing import assert_same_checkpoint, run_resume_job
+
+TERMINATED = -signal.SIGTERM
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted run of the resume task (random augmentation in training and in
+    validation, dropout, AdamW, StepLR)."""
+    work_dir = tmp_path_factory.mktemp("reference")
+    run_resume_job(work_dir, plugins={"checkpoint": {"save_best": "accuracy"}})
+    return work_dir
+
+
+def newest_stop_file(work_dir: Path) -> Path:
+    files = sorted((work_dir / "checkpoints").glob("*.pt"), key=lambda p: p.stat().st_mtime_ns)
+    return files[-1]
+
+
+def test_sigterm_inside_validation_stops_there_and_resumes_exactly(
+    tmp_path: Path, reference: Path
+) -> None:
+    """Validation draws random numbers (augmentation): the save must resume by validating
+    again from the random state validation started with."""
+    run = tmp_path / "run"
+    proc = run_resume_job(
+        run,
+        expect=TERMINATED,
+        plugins={},
+        save_every=0,
+        signal_at={"hook": "after_val_iter", "iters": 7},
+    )
+    saved = run / "checkpoints" / "stop_iter_7.pt"
+    assert f"SIGTERM received: saved {saved}; stopping" in proc.stdout
+    state = torch.load(saved, weights_only=True)
+    assert state["loop"] == {"epoch": 0, "batch": 7, "phase": "trained", "iter": 7}
+    log = (run / "log.jsonl").read_text()
+    assert "val/accuracy" not in log  # the pass was cut short: no metrics from half of it
+    run_resume_job(run, resume=True, plugins={}, save_every=0)
+    assert_same_checkpoint(reference / "final.pt", run / "final.pt")
+
+
+def test_checkpoint_plugin_reuses_the_periodic_file_of_the_same_position(
+    tmp_path: Path, reference: Path
+) -> None:
+    run = tmp_path / "run"
+    proc = run_resume_job(
+        run,
+        expect=TERMINATED,
+        plugins={"checkpoint": {}},
+        save_every=0,
+        signal_at={"hook": "after_val_iter", "iters": 14},
+    )
+    out = run / "checkpoints"
+    assert sorted(p.name for p in out.iterdir()) == ["epoch_1.pt", "epoch_2.pt", "latest"]
+    assert f"SIGTERM received: saved {out / 'epoch_2.pt'}; stopping" in proc.stdout
+    run_resume_job(run, resume=True, plugins={"checkpoint": {}}, save_every=0)
+    assert_same_checkpoint(reference / "final.pt", run / "final.pt")
+
+
+def test_resume_from_a_best_checkpoint_is_exact(tmp_path: Path, reference: Path) -> None:
+    """best_accuracy.pt is saved after validation drew its random numbers; it resumes after
+    that validation, not by running it again."""
+    best = reference / "checkpoints" / "best_accuracy.pt"
+    state = torch.load(best, weights_only=True)
+    assert state["loop"]["phase"] == "validated"
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(best, run / "checkpoints" / "best_accuracy.pt")
+    plugins = {"checkpoint": {"save_best": "accuracy"}}
+    run_resume_job(run, resume=True, plugins=plugins, save_every=0)
+    assert_same_checkpoint(reference / "final.pt", run / "final.pt")
+
+
+def test_group_sigterm_with_loader_workers_is_a_preemption(tmp_path: Path) -> None:
+    """SLURM and torchrun signal the whole process group: the workers must not die first
+    and fail the run; the main process saves and ends by SIGTERM (exit 143)."""
+    options: dict[str, Any] = {"plugins": {"checkpoint": {}}, "workers": 2, "save_every": 0}
+    run_resume_job(tmp_path / "reference", **options)
+    run = tmp_path / "run"
+    proc = run_resume_job(
+        run,
+        expect=TERMINATED,
+        signal_at={"hook": "after_train_iter", "iters": 10, "group": True},
+        **options,
+    )
+    assert "killed by signal" not in proc.stderr
+    assert f"SIGTERM received: saved {run / 'checkpoints' / 'iter_10.pt'}" in proc.stdout
+    run_resume_job(run, resume=True, **options)
+    assert_same_checkpoint(tmp_path / "reference" / "final.pt", run / "final.pt")
+
+
+class Interrupt:
+    """Presses Ctrl-C ``times`` times at once during iteration ``at``."""
+
+    def __init__(self, at: int, times: int) -> None:
+        self.at, self.times = at, times
+
+    @hookimpl
+    def after_train_iter(self, runner: Any) -> None:
+        if runner.iter == self.at:
+            for _ in range(self.times):
+                signal.raise_signal(signal.SIGINT)
+
+
+def test_ctrl_c_stops_at_the_boundary_and_twice_stops_at_once(make_toy_runner: Any) -> None:
+    runner: Runner = make_toy_runner(plugins={}, max_epochs=3, hooks=[Interrupt(at=2, times=1)])
+    with pytest.raises(KeyboardInterrupt):
+        runner.train()  # Python's own SIGINT handler, re-delivered to after the save
+    assert runner.position.iter == 3
+    assert (runner.checkpoint_dir / "stop_iter_3.pt").is_file()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    second = runner.work_dir.parent / "second"
+    runner = make_toy_runner(
+        plugins={}, max_epochs=3, hooks=[Interrupt(at=2, times=2)], work_dir=second
+    )
+    with pytest.raises(KeyboardInterrupt):
+        runner.train()
+    assert runner.iter == 2  # raised inside the hook of iteration 2: no boundary reached
+    assert not runner.checkpoint_dir.exists()
+
+
+def test_stop_signals_are_validated_and_can_be_switched_off(make_toy_runner: Any) -> None:
+    from hookrun import ConfigError
+
+    with pytest.raises(ConfigError, match="runner.stop_signals: 'SIGFOO' is not a signal"):
+        make_toy_runner(stop_signals=["SIGFOO"])
+    with pytest.raises(ConfigError, match="'KILL' is not a signal this platform can catch"):
+        make_toy_runner(stop_signals=["KILL"])
+    before = signal.getsignal(signal.SIGTERM)
+    runner = make_toy_runner(stop_signals=["term", "usr1"], max_epochs=1)
+    assert runner.stop_signals.numbers == [signal.SIGTERM, signal.SIGUSR1]
+    runner = make_toy_runner(stop_signals=[], max_epochs=1)
+    runner.train()
+    assert signal.getsignal(signal.SIGTERM) is before
