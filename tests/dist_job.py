@@ -18,11 +18,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from hookrun import Runner, hookimpl
 
 
-def data(n: int, seed: int, shuffle: bool) -> DataLoader:
+def data(n: int, seed: int, shuffle: bool, workers: int = 0) -> DataLoader:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 6, generator=g)
     y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
-    return DataLoader(TensorDataset(x, y), batch_size=4, shuffle=shuffle)
+    return DataLoader(TensorDataset(x, y), batch_size=4, shuffle=shuffle, num_workers=workers)
 
 
 def model() -> nn.Module:
@@ -37,12 +37,14 @@ PLUGINS = {"timer": {"warmup": 1, "window": 3}, "logger": {}}
 
 class Job:
     """Checkpoints every 3 iterations; optionally dies, raises or (rank 1 alone) receives
-    SIGTERM at an iteration."""
+    SIGTERM at an iteration; or (rank 0) SIGTERMs the whole process group: the torchrun agent,
+    every rank and their loader workers, as a scheduler does."""
 
-    def __init__(self, kill_at: int, fail_at: int, term_at: int) -> None:
+    def __init__(self, kill_at: int, fail_at: int, term_at: int, group_term_at: int) -> None:
         self.kill_at = kill_at
         self.fail_at = fail_at
         self.term_at = term_at
+        self.group_term_at = group_term_at
 
     @hookimpl
     def after_train_iter(self, runner):
@@ -54,6 +56,8 @@ class Job:
             raise ValueError(f"injected failure on rank {runner.rank}")
         if runner.iter == self.term_at and runner.rank == 1:
             os.kill(os.getpid(), signal.SIGTERM)
+        if runner.iter == self.group_term_at and runner.rank == 0:
+            os.killpg(os.getpgid(0), signal.SIGTERM)
 
     @hookimpl
     def on_exception(self, runner, exception):
@@ -69,11 +73,13 @@ def main() -> None:
     parser.add_argument("--with-plugins", action="store_true")
     parser.add_argument("--with-checkpoint", action="store_true")
     parser.add_argument("--term-at", type=int, default=-1)
+    parser.add_argument("--group-term-at", type=int, default=-1)
+    parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args()
     net = model()
     runner = Runner(
         net,
-        data(48, 1, shuffle=True),
+        data(48, 1, shuffle=True, workers=args.workers),
         data(13, 2, shuffle=False),
         optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
         criterion=nn.CrossEntropyLoss(),
@@ -87,7 +93,7 @@ def main() -> None:
         else {"checkpoint": {}}
         if args.with_checkpoint
         else None,
-        hooks=[Job(args.kill_at, args.fail_at, args.term_at)],
+        hooks=[Job(args.kill_at, args.fail_at, args.term_at, args.group_term_at)],
         seed=5,
     )
     runner.train(resume="auto" if args.resume else None)

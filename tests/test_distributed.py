@@ -20,7 +20,9 @@ from hookrun import Runner
 JOB = Path(__file__).with_name("dist_job.py")
 
 
-def torchrun(work_dir: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun(
+    work_dir: Path, *args: str, timeout: float = 240, new_session: bool = False
+) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
         "-m",
@@ -32,7 +34,14 @@ def torchrun(work_dir: Path, *args: str, timeout: float = 240) -> subprocess.Com
         *args,
     ]
     env = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        cmd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=new_session,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +113,29 @@ def test_sigterm_on_one_rank_stops_both_at_one_iteration_and_resumes_exactly(
     assert_identical(two_rank_run / "final.pt", stopped / "final.pt")
 
 
+def test_group_sigterm_with_loader_workers_under_torchrun_saves_and_resumes_exactly(
+    two_rank_run, tmp_path
+):
+    """A scheduler signals the whole process group: the agent, both ranks, their workers."""
+    stopped = tmp_path / "stopped"
+    start = time.monotonic()
+    args = ("--with-checkpoint", "--workers", "2")
+    proc = torchrun(stopped, *args, "--group-term-at", "7", new_session=True)
+    assert time.monotonic() - start < 60  # not torchrun's 30 s grace on top
+    assert proc.returncode != 0
+    assert "killed by signal" not in proc.stderr
+    assert proc.stdout.count("SIGTERM received") == 1
+    saved = (stopped / "checkpoints" / "latest").read_text().strip()
+    assert saved.startswith("iter_") and 8 <= int(saved[5:-3]) < 18
+    proc = torchrun(stopped, *args, "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_identical(two_rank_run / "final.pt", stopped / "final.pt")
+
+
 def test_exception_on_one_rank_ends_both(tmp_path):
     start = time.monotonic()
     proc = torchrun(tmp_path, "--fail-at", "4", timeout=180)
-    assert time.monotonic() - start < 180
+    assert time.monotonic() - start < 30  # start-up included; not torchrun's 30 s grace
     assert proc.returncode != 0
     assert "injected failure on rank 1" in proc.stdout + proc.stderr
     assert (tmp_path / "on_exception_rank1.txt").exists()

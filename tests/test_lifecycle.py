@@ -149,3 +149,48 @@ def test_stop_signals_are_validated_and_can_be_switched_off(make_toy_runner: Any
     runner = make_toy_runner(stop_signals=[], max_epochs=1)
     runner.train()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+class FailIn:
+    """Raises from hook point ``hook`` at iteration ``at``."""
+
+    def __init__(self, hook: str, at: int) -> None:
+        self.hook, self.at = hook, at
+
+    @hookimpl
+    def after_optimizer_step(self, runner: Any) -> None:
+        if self.hook == "after_optimizer_step" and runner.iter == self.at:
+            raise RuntimeError("boom")
+
+    @hookimpl
+    def after_train_iter(self, runner: Any) -> None:
+        if self.hook == "after_train_iter" and runner.iter == self.at:
+            raise RuntimeError("boom")
+
+
+def test_emergency_checkpoints_hold_a_position_that_matches_their_weights(
+    make_toy_runner: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After the step changed the weights but before the position counts it, no checkpoint
+    can be consistent: none is written. After the position counted it, the file's position
+    is the iteration its weights come from."""
+    runner: Runner = make_toy_runner(
+        plugins={"checkpoint": {}}, hooks=[FailIn("after_optimizer_step", 3)]
+    )
+    with pytest.raises(RuntimeError, match="boom"):
+        runner.train()
+    assert not list(runner.checkpoint_dir.glob("emergency_*"))
+    assert "no checkpoint taken during iteration 3's optimizer step" in capsys.readouterr().err
+
+    second = runner.work_dir.parent / "second"
+    runner = make_toy_runner(
+        plugins={"checkpoint": {}}, hooks=[FailIn("after_train_iter", 3)], work_dir=second
+    )
+    weights_after_step: dict[str, torch.Tensor] = {}
+    with pytest.raises(RuntimeError, match="boom"):
+        runner.train()
+    weights_after_step = {k: v.clone() for k, v in runner.unwrapped_model.state_dict().items()}
+    saved = torch.load(runner.checkpoint_dir / "emergency_iter_4.pt", weights_only=True)
+    assert saved["loop"]["iter"] == 4
+    for key, value in weights_after_step.items():
+        assert torch.equal(saved["model"][key], value)

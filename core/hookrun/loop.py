@@ -28,7 +28,9 @@ class LoopPosition:
 
     ``iter_ending`` is true from the end of an optimizer step through its
     ``after_train_iter`` hooks, ``epoch_ending`` through ``after_train_epoch``: the runner's
-    counters advance after the ``after_*`` hooks (DESIGN §3). Neither is saved."""
+    counters advance after the ``after_*`` hooks (DESIGN §3). ``stepping`` is true from the
+    optimizer step until the position counts it: the weights and the position disagree then,
+    so no checkpoint may be taken. None of the three is saved."""
 
     epoch: int = 0
     batch: int = 0
@@ -36,6 +38,7 @@ class LoopPosition:
     phase: Phase = Phase.TRAIN
     iter_ending: bool = False
     epoch_ending: bool = False
+    stepping: bool = False
 
     def state_dict(self) -> dict[str, Any]:
         """Plain types only (``weights_only`` loading), the ``hookrun/1`` layout."""

@@ -199,9 +199,11 @@ class TrainStep:
     def __call__(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
         runner = self.runner
         model, module = runner.model, runner.unwrapped_model
+        pos = runner.position
         if self.fast:  # OptimizerStep.backward and .step with nothing to do around them
             losses = training_losses(model, module, self.step, runner.criterion, batch)
             losses["loss"].backward()
+            pos.stepping = True
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         else:
@@ -216,12 +218,13 @@ class TrainStep:
                         losses = training_losses(model, module, self.step, runner.criterion, batch)
                     optim.backward(losses["loss"])
             if boundary:
+                pos.stepping = True
                 optim.step()
-        pos = runner.position
         pos.batch = batch_idx + 1
         pos.iter += 1
         pos.phase = Phase.TRAIN
         pos.iter_ending = True
+        pos.stepping = False
         if len(losses) == 1:
             loss = losses["loss"].detach()
             self.put("train/loss", loss)

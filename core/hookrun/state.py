@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from hookrun import checkpoint as ckpt_io
 from hookrun import dist
-from hookrun.errors import CheckpointMismatchError
+from hookrun.errors import CheckpointError, CheckpointMismatchError
 from hookrun.loop import LoopPosition
 from hookrun.resume import fit_problems, non_finite, summary
 
@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 def collect(runner: Runner, save_optimizer: bool = True) -> dict[str, Any]:
     """The full state of a run (format ``hookrun/1``), every rank's RNG streams included."""
     pos = runner.position
+    if pos.stepping:
+        raise CheckpointError(
+            f"no checkpoint taken during iteration {pos.iter}'s optimizer step: its weights "
+            "may have changed before the position counts the step, so the two would disagree"
+        )
     rng = ckpt_io.rng_state()
     ranks = dist.all_gather_object(rng) if runner.world_size > 1 else None
     state: dict[str, Any] = {

@@ -35,7 +35,17 @@ if TYPE_CHECKING:
 _hookimpl = pluggy.HookimplMarker("hookrun")
 """The same marker as ``hookrun.hookimpl``, without importing hookrun's plugin machinery."""
 
-INTERNAL_MODULES = ("runner", "data", "steps", "checkpoint", "manager", "state")
+INTERNAL_MODULES = (
+    "runner",
+    "data",
+    "steps",
+    "checkpoint",
+    "manager",
+    "state",
+    "resume",
+    "lifecycle",
+    "loops",
+)
 """``hookrun.<name>`` modules a plugin must not import: the runner surface replaces them."""
 
 # -- isolation -------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from pydantic import Field
 from torch import nn
 
 from hookrun import (
-    CheckpointError,
+    CheckpointMismatchError,
     Plugin,
     PluginSettings,
     Priority,
@@ -395,7 +395,7 @@ class Shadow:
         saved, exact = state["model"], state.get("shadow", {})
         missing = [key for key in self.keys if key not in saved]
         if missing:
-            raise CheckpointError(
+            raise CheckpointMismatchError(
                 f"plugins.ema: the saved average lacks {len(missing)} of the model's entries "
                 f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
             )
@@ -404,7 +404,7 @@ class Shadow:
             for i, key in enumerate(self.keys):
                 value = exact.get(key, saved[key])
                 if value.shape != current[i].shape:
-                    raise CheckpointError(
+                    raise CheckpointMismatchError(
                         f"plugins.ema: saved average of {key!r} has shape {tuple(value.shape)}, "
                         f"the model's is {tuple(current[i].shape)}"
                     )
