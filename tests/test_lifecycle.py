@@ -55,6 +55,25 @@ def test_sigterm_inside_validation_stops_there_and_resumes_exactly(
     assert_same_checkpoint(reference / "final.pt", run / "final.pt")
 
 
+def test_ctrl_c_mid_epoch_saves_at_the_boundary_and_resumes_exactly(
+    tmp_path: Path, reference: Path
+) -> None:
+    """Ctrl-C used to leave an emergency file one forward pass ahead (BatchNorm's counters,
+    random numbers); now it is a stop signal like SIGTERM: the process ends by SIGINT."""
+    run = tmp_path / "run"
+    plugins = {"checkpoint": {"by_epoch": False, "interval": 100}}
+    run_resume_job(
+        run,
+        expect=-signal.SIGINT,
+        plugins=plugins,
+        save_every=0,
+        signal_at={"hook": "after_train_iter", "iters": 10, "name": "SIGINT"},
+    )
+    assert (run / "checkpoints" / "latest").read_text().strip() == "iter_10.pt"
+    run_resume_job(run, resume=True, plugins=plugins, save_every=0)
+    assert_same_checkpoint(reference / "final.pt", run / "final.pt")
+
+
 def test_checkpoint_plugin_reuses_the_periodic_file_of_the_same_position(
     tmp_path: Path, reference: Path
 ) -> None:
