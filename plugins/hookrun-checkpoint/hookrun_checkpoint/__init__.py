@@ -6,6 +6,11 @@ After each file is complete, and in this order, the ``latest`` pointer is replac
 files ``max_keep`` lets go are deleted: a crash at any moment leaves ``latest`` naming a
 complete checkpoint. The bookkeeping (rotating files, best scores) is plugin state, stored in
 every checkpoint, so it survives a resume.
+
+Nothing read from a checkpoint is used as a path: the bookkeeping keeps only plain file names
+of the plugin's own kinds (``epoch_<N>.pt``, ``iter_<N>.pt``, ``emergency_iter_<N>.pt``,
+``best_<metric>.pt``), and a name is only used (checked, rotated, deleted) while it resolves
+to a file directly in ``out_dir``; anything else is dropped with a notice.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ __all__ = ["Checkpoint", "CheckpointSettings"]
 
 Rule = Literal["greater", "less"]
 STALE_TEMP = re.compile(r"\.(?:[\w.-]+\.pt|latest)\..+\.tmp")
+ROTATING = re.compile(r"(?:emergency_)?iter_[0-9]+\.pt|epoch_[0-9]+\.pt")
+BEST = re.compile(r"best_[A-Za-z0-9_.-]+\.pt")
 
 
 class CheckpointSettings(PluginSettings):
@@ -144,6 +151,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self.stopped = False  # the stop signal's checkpoint is saved: no more saves this run
         self.saved: tuple[dict[str, Any], str] | None = None  # (loop, file) of the last save
         self.writer = BackgroundWriter()
+        self.ignored: list[tuple[str, str]] = []  # (what, why) dropped by load_state_dict
 
     # -- state ---------------------------------------------------------------------------
 
@@ -155,9 +163,32 @@ class Checkpoint(Plugin[CheckpointSettings]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.kept = list(state.get("kept", []))
-        self.best = {metric: dict(entry) for metric, entry in state.get("best", {}).items()}
-        self.latest = state.get("latest")
+        """Take the bookkeeping a checkpoint holds, keeping only plain file names of the
+        plugin's own kinds; what is dropped is named in ``before_train``."""
+        self.ignored = []
+        kept = state.get("kept") or []
+        self.kept = []
+        for name in kept if isinstance(kept, (list, tuple)) else [kept]:
+            if plain_name(name, ROTATING):
+                self.kept.append(name)
+            else:
+                self.ignored.append((f"kept entry {name!r}", "not a file name in"))
+        best = state.get("best") or {}
+        self.best = {}
+        for metric, entry in best.items() if isinstance(best, dict) else ():
+            if best_entry(entry) is None:
+                self.ignored.append((f"best entry {metric!r}", "not a valid entry"))
+            elif not plain_name(entry["file"], BEST):
+                what = f"best entry {metric!r} ({entry['file']!r})"
+                self.ignored.append((what, "not a file name in"))
+            else:
+                self.best[str(metric)] = dict(entry)
+        latest = state.get("latest")
+        self.latest = None
+        if plain_name(latest, ROTATING) or plain_name(latest, BEST):
+            self.latest = latest
+        elif latest is not None:
+            self.ignored.append((f"latest {latest!r}", "not a file name in"))
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -177,15 +208,52 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
-        """Forget files that are gone and protect the one this run resumed from."""
+        """Name what the checkpoint's bookkeeping held that is no file name, forget files
+        that are gone or lie outside ``out_dir``, and protect the file this run resumed
+        from. Rank 0 looks at the folder; every rank takes its answer."""
         self.training = True
-        self.kept = [name for name in self.kept if (self.out_dir / name).is_file()]
-        self.best = {m: e for m, e in self.best.items() if (self.out_dir / e["file"]).is_file()}
+        for what, why in self.ignored:
+            runner.info(f"checkpoint: ignoring {what} from the checkpoint: {why} {self.out_dir}")
+        self.ignored = []
+        view = self._survey() if runner.is_main else None
+        if runner.world_size > 1:
+            view = dist.all_gather_object(view)[0]
+        assert view is not None
+        self.kept, self.best, notices = view
+        for line in notices:
+            runner.info(line)
         resumed, self.protected = runner.resumed_from, None
         if resumed is not None and resumed.parent.resolve() == self.out_dir.resolve():
             self.protected = resumed.name
         if self.settings.save_best and runner.val_dataloader is None:
             runner.info("checkpoint: save_best is set but there is no val_dataloader")
+
+    def _survey(self) -> tuple[list[str], dict[str, dict[str, Any]], list[str]]:
+        """The kept names and best entries whose files exist in ``out_dir``, and a notice
+        for each name that resolves elsewhere (a symbolic link out of the folder)."""
+        notices: list[str] = []
+
+        def usable(what: str, name: str) -> bool:
+            if not self._inside(name):
+                notices.append(
+                    f"checkpoint: ignoring {what} from the checkpoint: it resolves outside "
+                    f"{self.out_dir}"
+                )
+                return False
+            return (self.out_dir / name).is_file()
+
+        kept = [name for name in self.kept if usable(f"kept entry {name!r}", name)]
+        best = {
+            metric: entry
+            for metric, entry in self.best.items()
+            if usable(f"best entry {metric!r} ({entry['file']!r})", entry["file"])
+        }
+        return kept, best, notices
+
+    def _inside(self, name: str) -> bool:
+        """Whether ``name`` resolves to a path directly in ``out_dir``."""
+        folder = self.out_dir.resolve()
+        return (folder / name).resolve().parent == folder
 
     def unused_hooks(self, runner: RunnerProtocol) -> set[str]:
         """Saving by epoch needs no per-iteration hook."""
@@ -345,6 +413,8 @@ class Checkpoint(Plugin[CheckpointSettings]):
         except OSError as exc:
             raise CheckpointError(f"cannot write {pointer}: {exc.strerror or exc}") from exc
         for name in delete:
+            if not (plain_name(name, ROTATING) or plain_name(name, BEST)) or not self._inside(name):
+                continue  # never reached: the bookkeeping holds only such names
             try:
                 (self.out_dir / name).unlink(missing_ok=True)
             except OSError as exc:  # an old file left behind is no reason to stop training
@@ -385,6 +455,30 @@ def undecided(metric: str) -> str:
         f"cannot tell from the metric name {metric!r} whether greater or less is better; "
         "set rule: greater or rule: less"
     )
+
+
+def plain_name(value: Any, pattern: re.Pattern[str]) -> bool:
+    """Whether ``value`` is a plain file name of the kind ``pattern`` describes: a string
+    without separators, NUL or a drive, not empty, ``.`` or ``..``."""
+    return (
+        isinstance(value, str)
+        and value not in ("", ".", "..")
+        and not any(c in value for c in "/\\\0:")
+        and pattern.fullmatch(value) is not None
+    )
+
+
+def best_entry(entry: Any) -> dict[str, Any] | None:
+    """``entry`` when it has the shape of a best entry (a file name string, a finite or
+    infinite number as score, a rule), else None."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+        return None
+    score = entry.get("score")
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or math.isnan(score):
+        return None
+    if entry.get("rule") not in ("greater", "less"):
+        return None
+    return entry
 
 
 def position_name(state: dict[str, Any], by_epoch: bool) -> str:
