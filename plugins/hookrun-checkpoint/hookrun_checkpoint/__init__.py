@@ -11,6 +11,12 @@ Nothing read from a checkpoint is used as a path: the bookkeeping keeps only pla
 of the plugin's own kinds (``epoch_<N>.pt``, ``iter_<N>.pt``, ``emergency_iter_<N>.pt``,
 ``best_<metric>.pt``), and a name is only used (checked, rotated, deleted) while it resolves
 to a file directly in ``out_dir``; anything else is dropped with a notice.
+
+Best files: a new best must beat the score each existing ``best_*.pt`` file of the metric
+actually holds (read from the file at the start of training), so a run resumed from an older
+checkpoint never replaces a better file of an abandoned timeline; a save that fails leaves the
+bookkeeping as it was; and the file the run resumed from is never written: while it is
+``best_<metric>.pt``, the run's new bests of that metric go to ``best_<metric>.iter_<N>.pt``.
 """
 
 from __future__ import annotations
@@ -152,6 +158,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self.saved: tuple[dict[str, Any], str] | None = None  # (loop, file) of the last save
         self.writer = BackgroundWriter()
         self.ignored: list[tuple[str, str]] = []  # (what, why) dropped by load_state_dict
+        self.undo: tuple[dict[str, Any], Any] | None = None  # (state, saved) before the write
 
     # -- state ---------------------------------------------------------------------------
 
@@ -161,6 +168,13 @@ class Checkpoint(Plugin[CheckpointSettings]):
             "best": {metric: dict(entry) for metric, entry in self.best.items()},
             "latest": self.latest,
         }
+
+    def _set_state(self, state: dict[str, Any], saved: Any) -> None:
+        """Put back bookkeeping this plugin produced itself (no checks needed)."""
+        self.kept = list(state["kept"])
+        self.best = {metric: dict(entry) for metric, entry in state["best"].items()}
+        self.latest = state["latest"]
+        self.saved = saved
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take the bookkeeping a checkpoint holds, keeping only plain file names of the
@@ -209,8 +223,9 @@ class Checkpoint(Plugin[CheckpointSettings]):
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
         """Name what the checkpoint's bookkeeping held that is no file name, forget files
-        that are gone or lie outside ``out_dir``, and protect the file this run resumed
-        from. Rank 0 looks at the folder; every rank takes its answer."""
+        that are gone or lie outside ``out_dir``, take each metric's best score from the best
+        files themselves, and protect the file this run resumed from. Rank 0 looks at the
+        folder; every rank takes its answer."""
         self.training = True
         for what, why in self.ignored:
             runner.info(f"checkpoint: ignoring {what} from the checkpoint: {why} {self.out_dir}")
@@ -248,7 +263,58 @@ class Checkpoint(Plugin[CheckpointSettings]):
             for metric, entry in self.best.items()
             if usable(f"best entry {metric!r} ({entry['file']!r})", entry["file"])
         }
+        if self.settings.save_best:
+            best = self._best_on_disk(best, notices)
         return kept, best, notices
+
+    def _best_on_disk(
+        self, best: dict[str, dict[str, Any]], notices: list[str]
+    ) -> dict[str, dict[str, Any]]:
+        """``best`` checked against the best files in ``out_dir``: each file says which
+        scores it holds itself (its bookkeeping's entries naming it). Such a score replaces
+        the bookkeeping's claim for that file, and the best of all the files' scores and the
+        claims that cannot be checked (a file that does not load) is the one to beat. Only
+        metrics this run saves are looked at (every one under ``save_best: auto``)."""
+        held: dict[str, dict[str, dict[str, Any]]] = {}  # file -> metric -> its own entry
+        for path in sorted(self.out_dir.glob("best_*.pt")):
+            if plain_name(path.name, BEST) and self._inside(path.name) and path.is_file():
+                held[path.name] = stored_best(path)
+        wanted = self.settings.save_best
+        names = (
+            None if wanted == "auto" else {wanted} if isinstance(wanted, str) else set(wanted or ())
+        )
+        result: dict[str, dict[str, Any]] = {}
+        metrics = set(best) | {m for own in held.values() for m in own}
+        for metric in sorted(metrics):
+            if names is not None and metric not in names and metric not in best:
+                continue
+            candidates = [entry for own in held.values() for m, entry in own.items() if m == metric]
+            claimed = best.get(metric)
+            if claimed is not None and metric not in held.get(claimed["file"], {}):
+                candidates.append(claimed)  # its file does not say: the claim stands
+            if not candidates:
+                continue
+            rule = self._rule(metric, candidates[0]["rule"])
+            top = candidates[0]
+            for entry in candidates[1:]:
+                if better(rule, entry["score"], top["score"]):
+                    top = entry
+            result[metric] = dict(top)
+            if claimed is None or (claimed["file"], claimed["score"]) != (
+                top["file"],
+                top["score"],
+            ):
+                notices.append(
+                    f"checkpoint: {top['file']} holds the best {metric} so far, "
+                    f"{top['score']:.6g}: only a better one replaces it"
+                )
+        return result
+
+    def _rule(self, metric: str, default: Rule) -> Rule:
+        """The rule this run compares ``metric`` by, ``default`` when it cannot tell yet."""
+        if self.settings.rule != "auto":
+            return self.settings.rule
+        return metric_rule(metric) or default
 
     def _inside(self, name: str) -> bool:
         """Whether ``name`` resolves to a path directly in ``out_dir``."""
@@ -275,24 +341,35 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
     @hookimpl
     def after_val_epoch(self, runner: RunnerProtocol, metrics: dict[str, float]) -> None:
+        """Save each metric that beats its best so far to its best file: ``best_<metric>.pt``,
+        or ``best_<metric>.iter_<N>.pt`` while the former is the file this run resumed from;
+        a best file of this metric that the new one supersedes is deleted after it, never
+        the resumed-from file."""
         if not self.training or self.stopped or not self.settings.save_best:
             return
         updates: dict[str, dict[str, Any]] = {}
+        superseded: list[str] = []
         for metric, rule in self._best_metrics(metrics).items():
             value = float(metrics[metric])
             entry = self.best.get(metric)
             if math.isnan(value) or not (entry is None or better(rule, value, entry["score"])):
                 continue
+            stem = "best_" + re.sub(r"[^A-Za-z0-9_.-]", "_", metric)
+            name = f"{stem}.pt"
+            if name == self.protected:
+                name = f"{stem}.iter_{runner.iter}.pt"
             updates[metric] = {
                 "score": value,
-                "file": f"best_{re.sub(r'[^A-Za-z0-9_.-]', '_', metric)}.pt",
+                "file": name,
                 "rule": rule,
                 "epoch": runner.epoch,
                 "iter": runner.iter,
             }
+            if entry is not None and entry["file"] not in (name, self.protected):
+                superseded.append(entry["file"])
         if updates:
             names = [entry["file"] for entry in updates.values()]
-            self._save(runner, names, best=updates)
+            self._save(runner, names, best=updates, superseded=superseded)
             scores = ", ".join(f"{m} {e['score']:.6g}" for m, e in updates.items())
             runner.info(f"checkpoint: new best {scores}")
 
@@ -318,7 +395,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         if runner.mode != "train":
             return
         try:
-            self.writer.wait()
+            self._wait()
         finally:
             self.writer.release()
 
@@ -326,7 +403,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
     def on_exception(self, runner: RunnerProtocol, exception: BaseException) -> None:
         """Save ``emergency_iter_<N>.pt`` unless the exception is a failed checkpoint write."""
         try:
-            self.writer.wait()
+            self._wait()
         except CheckpointError as exc:
             runner.info(str(exc))
         finally:
@@ -351,12 +428,14 @@ class Checkpoint(Plugin[CheckpointSettings]):
         best: dict[str, dict[str, Any]] | None = None,
         emergency: bool = False,
         background: bool = True,
+        superseded: list[str] | None = None,
     ) -> None:
         """Write one state to ``names`` (default: a name from its position), then point
-        ``latest`` at it and delete what ``max_keep`` lets go; bookkeeping first, so the file
-        holds the bookkeeping as it is once the file exists."""
-        self.writer.wait()
-        previous = self.state_dict()
+        ``latest`` at it and delete what ``max_keep`` lets go and the best files
+        ``superseded``; bookkeeping first, so the file holds the bookkeeping as it is once the
+        file exists. A write that fails puts the bookkeeping back as it was."""
+        self._wait()
+        previous, previous_saved = self.state_dict(), self.saved
         self.best.update(best or {})
         state = runner.checkpoint_state(self.settings.save_optimizer)
         if names is None:
@@ -364,7 +443,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
             if emergency:
                 names = ["emergency_" + names[0]]
             self.kept = [name for name in self.kept if name != names[0]] + names
-        delete = self._rotate()
+        delete = self._rotate() + list(superseded or ())
         self.latest = names[-1]
         self.saved = (dict(state["loop"]), names[-1])
         state.setdefault("plugins", {})[self.name] = self.state_dict()
@@ -374,18 +453,30 @@ class Checkpoint(Plugin[CheckpointSettings]):
             if background:
                 job = self.writer.host.copy(state)
                 write = runner.write_checkpoint
+                self.undo = (previous, previous_saved)
                 self.writer.submit(lambda: self._write(write, job, paths, delete), paths[0])
                 runner.info(f"checkpoint: writing {paths[0]} in the background")
             else:
                 try:
                     self._write(runner.write_checkpoint, state, paths, delete)
                 except BaseException:
-                    self.load_state_dict(previous)
+                    self._set_state(previous, previous_saved)
                     raise
                 kind = "emergency checkpoint" if emergency else "checkpoint"
                 runner.info(f"checkpoint: saved {kind} {', '.join(map(str, paths))}")
         if not background:
             dist.barrier()
+
+    def _wait(self) -> None:
+        """Wait for the write in flight; when it failed, put the bookkeeping back as it was
+        before that save (its file does not exist) and raise the error."""
+        undo, self.undo = self.undo, None
+        try:
+            self.writer.wait()
+        except BaseException:
+            if undo is not None:
+                self._set_state(*undo)
+            raise
 
     def _rotate(self) -> list[str]:
         """Files to delete so that at most ``max_keep`` rotating files remain, never the one
@@ -479,6 +570,22 @@ def best_entry(entry: Any) -> dict[str, Any] | None:
     if entry.get("rule") not in ("greater", "less"):
         return None
     return entry
+
+
+def stored_best(path: Path) -> dict[str, dict[str, Any]]:
+    """The best entries that the checkpoint ``path`` records for itself (those naming it),
+    read without loading its tensors; nothing when it does not load."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        best = state["plugins"]["checkpoint"]["best"]
+        entries = best.items() if isinstance(best, dict) else ()
+    except Exception:  # not a checkpoint of this plugin: it says nothing
+        return {}
+    return {
+        str(metric): dict(entry)
+        for metric, entry in entries
+        if best_entry(entry) is not None and entry["file"] == path.name
+    }
 
 
 def position_name(state: dict[str, Any], by_epoch: bool) -> str:
