@@ -17,6 +17,10 @@ actually holds (read from the file at the start of training), so a run resumed f
 checkpoint never replaces a better file of an abandoned timeline; a save that fails leaves the
 bookkeeping as it was; and the file the run resumed from is never written: while it is
 ``best_<metric>.pt``, the run's new bests of that metric go to ``best_<metric>.iter_<N>.pt``.
+
+Under gradient accumulation an iteration save waits for the end of its accumulation group (a
+file saved inside one would lose the gradients gathered so far), so every periodic file
+resumes exactly.
 """
 
 from __future__ import annotations
@@ -328,8 +332,30 @@ class Checkpoint(Plugin[CheckpointSettings]):
     @hookimpl
     def after_train_iter(self, runner: RunnerProtocol) -> None:
         s = self.settings
-        if runner.every_n_iters(s.interval) or (s.save_last and runner.is_last_iter()):
+        if self._due(runner) or (s.save_last and runner.is_last_iter()):
             self._save(runner)
+
+    def _due(self, runner: RunnerProtocol) -> bool:
+        """Whether an iteration save is due now: every ``interval`` iterations, but under
+        gradient accumulation only at the end of a group (every ``grad_accum``-th batch of an
+        epoch, and its last), for a save that fell due anywhere in that group."""
+        interval, accum = self.settings.interval, runner.grad_accum
+        if accum == 1:
+            return runner.every_n_iters(interval)
+        done = runner.iter + 1
+        before = runner.inner_iter % accum  # iterations of this group before this one
+        if done // interval == (done - before - 1) // interval:
+            return False  # no multiple of interval in this group so far
+        return (runner.inner_iter + 1) % accum == 0 or self._stepped(runner)
+
+    @staticmethod
+    def _stepped(runner: RunnerProtocol) -> bool:
+        """Whether the optimizer holds no gradient: it stepped (and zeroed them) at this
+        iteration, which closes a group early at an epoch's last batch."""
+        optimizer = runner.optimizer
+        if optimizer is None:
+            return True
+        return all(p.grad is None for group in optimizer.param_groups for p in group["params"])
 
     @hookimpl
     def after_train_epoch(self, runner: RunnerProtocol) -> None:
