@@ -69,7 +69,8 @@ class CheckpointSettings(PluginSettings):
         True,
         description="`true`: save `epoch_<N>.pt` at the end of every `interval`-th epoch; "
         "`false`: save `iter_<N>.pt` after every `interval`-th iteration (N counts completed "
-        "epochs or iterations).",
+        "epochs or iterations); under gradient accumulation at the end of that iteration's "
+        "accumulation group.",
     )
     max_keep: int | None = Field(
         None,
@@ -86,8 +87,8 @@ class CheckpointSettings(PluginSettings):
     save_best: str | list[str] | None = Field(
         None,
         description="Validation metric(s) whose best value is kept in `best_<metric>.pt`, "
-        "replaced whenever the metric improves; `auto` takes the first metric validation "
-        "reports; `null`: no best checkpoint.",
+        "replaced only by a better score than the file holds (never the file the run resumed "
+        "from); `auto` takes the first metric validation reports; `null`: no best checkpoint.",
     )
     rule: Literal["greater", "less", "auto"] = Field(
         "auto",
