@@ -86,26 +86,34 @@ def train(
 ) -> None:
     """Train the task of CONFIG, then test it when the task has a test_dataloader.
 
-    Refuses a work dir that already holds files unless --resume is given, so no run is
+    One run at a time per work dir: a work dir another run is using is refused, naming its
+    pid. Refuses a work dir that already holds files unless --resume is given, so no run is
     ever overwritten.
     """
     from hookrun import config as cfg
-    from hookrun import dist, launch
+    from hookrun import dist, launch, workdir
 
     loaded = cfg.load(config, overrides, work_dir)
-    if resume is None:
-        launch.check_fresh_work_dir(loaded.work_dir)
-    elif resume != "auto" and not Path(resume).is_file():
+    if resume not in (None, "auto") and not Path(resume).is_file():
         raise HookrunError(f"--resume: checkpoint not found: {resume}")
-    runner = launch.build_runner(loaded)
-    dist.barrier()  # every rank checked the work dir before rank 0 writes into it
-    if runner.is_main:
-        launch.save_resolved_config(loaded)
-    if verbose:
-        _print_hook_table(runner)
-    runner.train(resume=resume)
-    test = runner.test() if runner.test_dataloader is not None else None
-    _print_summary(runner, runner.last_metrics.get("val"), test)
+    out = loaded.work_dir
+    # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
+    with workdir.hold(out, enabled=_rank() == 0, notice=_notice):
+        if resume is None:
+            launch.check_fresh_work_dir(out)
+        runner = launch.build_runner(loaded)
+        dist.barrier()  # every rank checked the work dir before rank 0 writes into it
+        if runner.is_main:
+            launch.save_resolved_config(loaded)
+        if verbose:
+            _print_hook_table(runner)
+        runner.train(resume=resume)
+        test = runner.test() if runner.test_dataloader is not None else None
+        _print_summary(runner, runner.last_metrics.get("val"), test)
+
+
+def _notice(message: str) -> None:
+    echo(f"[hookrun] {message}")
 
 
 @cli.command(name="val")

@@ -13,10 +13,13 @@ from hookrun.errors import HookrunError
 
 
 def check_fresh_work_dir(out: Path) -> None:
-    """Refuse a work dir that already holds files, so no run is ever overwritten."""
+    """Refuse a work dir that already holds files (the lock file aside), so no run is ever
+    overwritten."""
     if out.exists() and not out.is_dir():
         raise HookrunError(f"work dir {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()):
+    from hookrun.workdir import LOCK_NAME
+
+    if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()):
         raise HookrunError(
             f"work dir {out} already holds a run; continue it with `--resume auto`, "
             "or start a new one with another `--work-dir` (or delete the folder)"

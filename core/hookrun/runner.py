@@ -16,7 +16,7 @@ from rich.console import Console
 from torch import nn
 
 from hookrun import checkpoint as ckpt_io
-from hookrun import dist
+from hookrun import dist, workdir
 from hookrun import state as run_state
 from hookrun.arguments import check_arguments, resolve_device
 from hookrun.clock import IterationClock
@@ -276,8 +276,10 @@ class Runner:
         stop = self.stop_signals
         if not stop.install(self.world_size, self.dist_timeout):
             self.info("not in the main thread: stop signals are left alone")
+        # one run per work dir: another process's lock is refused before the writers open
+        lock = workdir.hold(self.work_dir, self.is_main, "use another work_dir", self.info)
         try:
-            with self._run("train"):
+            with lock, self._run("train"):
                 self.clock.start()
                 self.hooks.before_run(runner=self)
                 if resume is not None:

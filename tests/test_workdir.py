@@ -1,0 +1,218 @@
+"""Work dirs: one run at a time (a lock naming its holder). Real ``python -m hookrun train``
+processes for the command line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from hookrun import config as cfg
+from hookrun import launch, workdir
+from hookrun.errors import HookrunError
+
+TASK = """
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hookrun import hookimpl
+
+
+class Pause:
+    \"\"\"Holds the run in before_train until <folder>/go exists (at most a minute).\"\"\"
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+
+    @hookimpl
+    def before_train(self, runner):
+        (self.folder / "started").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 60
+        while not (self.folder / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def build(pause_dir=None, fail_in_forward=False):
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g))
+    model = nn.Linear(4, 2)
+    if fail_in_forward:
+        model.forward = explode
+    return {
+        "model": model,
+        "train_dataloader": DataLoader(data, batch_size=8),
+        "val_dataloader": DataLoader(data, batch_size=8),
+        "test_dataloader": DataLoader(data, batch_size=8),
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "criterion": nn.CrossEntropyLoss(),
+        "metrics": {"accuracy": lambda out, y: (out.argmax(1) == y).float().mean()},
+        "hooks": [Pause(pause_dir)] if pause_dir else [],
+    }
+
+
+def explode(x):
+    raise ValueError("user code broke here")
+"""
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    (tmp_path / "toytask.py").write_text(TASK)
+    config = tmp_path / "toy.yaml"
+    config.write_text(
+        textwrap.dedent(
+            """
+            task: toytask.py:build
+            runner: {max_epochs: 2, device: cpu, writers: [jsonl, tensorboard]}
+            plugins: {checkpoint: true, logger: false, timer: false}
+            """
+        )
+    )
+    return config
+
+
+def env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("HOOKRUN_") and k != "RANK"}
+
+
+def command(*args: object) -> list[str]:
+    return [sys.executable, "-m", "hookrun", *map(str, args)]
+
+
+def hookrun(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command(*args), capture_output=True, text=True, env=env(), timeout=120)
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
+    """Every file with its size, modification time and digest (the lock file by content)."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            stat = path.stat()
+            mtime = 0 if path.name == workdir.LOCK_NAME else stat.st_mtime_ns
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            found[str(path.relative_to(folder))] = (stat.st_size, mtime, digest)
+    return found
+
+
+def paused_run(toy: Path, work: Path, tmp_path: Path) -> subprocess.Popen[str]:
+    """A ``hookrun train`` held in before_train, after its writers opened."""
+    process = subprocess.Popen(
+        command("train", toy, "--work-dir", work, "--set", f"task_args.pause_dir={tmp_path}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "started").exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the first run never started training"
+        time.sleep(0.02)
+    return process
+
+
+def probe_lock(work: Path) -> bool:
+    """Whether another process can take the work dir's lock now."""
+    code = (
+        "import fcntl, os, sys\n"
+        f"fd = os.open({str(work / workdir.LOCK_NAME)!r}, os.O_RDONLY)\n"
+        "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "except BlockingIOError:\n    sys.exit(1)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# -- the lock ------------------------------------------------------------------------------
+
+
+def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_blocks_nothing(
+    toy, tmp_path
+):
+    work = tmp_path / "run"
+    first = paused_run(toy, work, tmp_path)
+    try:
+        before = snapshot(work)
+        expected = (
+            f"work dir {work} is in use by another hookrun run (pid {first.pid} on host "
+            f"{socket.gethostname()}); wait for it or use another --work-dir"
+        )
+        seconds = [  # side by side: each takes a couple of seconds to start
+            subprocess.Popen(
+                command("train", toy, "--work-dir", work, *extra),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env(),
+            )
+            for extra in ([], ["--resume", "auto"])
+        ]
+        for second in seconds:
+            out, err = second.communicate(timeout=120)
+            assert second.returncode == 2, err
+            assert err.strip() == expected and out == ""
+        assert snapshot(work) == before  # no config.yaml rewritten, no log line
+
+        # the Python API is refused the same way, before its writers open
+        runner = launch.build_runner(cfg.load(toy, [], work))
+        with pytest.raises(workdir.WorkDirBusyError, match=f"pid {first.pid} on host"):
+            runner.train()
+        assert snapshot(work) == before
+
+        first.send_signal(signal.SIGKILL)  # no handler runs: the lock file stays behind
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.communicate()
+    assert (work / workdir.LOCK_NAME).exists() and probe_lock(work)
+
+    # killed: its lock file blocks nothing
+    again = hookrun("train", toy, "--work-dir", work, "--resume", "auto")
+    assert again.returncode == 0, again.stderr
+
+
+def test_the_lock_is_reentrant_released_at_the_end_and_not_kept_by_forked_children(tmp_path):
+    work = tmp_path / "run"
+    with workdir.hold(work):
+        assert not probe_lock(work)
+        data = json.loads((work / workdir.LOCK_NAME).read_text())
+        assert data["pid"] == os.getpid() and data["host"] == socket.gethostname()
+        with workdir.hold(work):  # Runner.train inside the CLI's hold
+            pass
+        assert not probe_lock(work)
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # a DataLoader worker, say: it outlives the hold below
+            os.close(write)
+            os.read(read, 1)
+            os._exit(0)
+        os.close(read)
+    try:
+        assert probe_lock(work)  # the child's inherited descriptor holds nothing
+    finally:
+        os.close(write)
+        os.waitpid(child, 0)
+    with workdir.hold(work):
+        pass
+
+
+def test_a_work_dir_that_is_a_file_is_refused(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("x")
+    with pytest.raises(HookrunError, match="exists and is not a folder"), workdir.hold(path):
+        pass
