@@ -1,5 +1,5 @@
-"""Work dirs: one run at a time (a lock naming its holder). Real ``python -m hookrun train``
-processes for the command line."""
+"""Work dirs: one run at a time (a lock naming its holder), a failed start does not block.
+Real ``python -m hookrun train`` processes for the command line."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 from hookrun import config as cfg
 from hookrun import launch, workdir
 from hookrun.errors import HookrunError
+from hookrun.writers import JsonlWriter, TensorBoardWriter
 
 TASK = """
 import os
@@ -181,9 +182,27 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_blocks_no
         first.communicate()
     assert (work / workdir.LOCK_NAME).exists() and probe_lock(work)
 
-    # killed: its lock file blocks nothing
-    again = hookrun("train", toy, "--work-dir", work, "--resume", "auto")
-    assert again.returncode == 0, again.stderr
+    # killed before any iteration: nothing blocks the same command, which starts over; so
+    # does a first iteration that raised (its emergency checkpoint is at iteration 0)
+    failed = hookrun("train", toy, "--work-dir", work, "--set", "task_args.fail_in_forward=true")
+    assert failed.returncode == 1
+    assert f"work dir {work} holds a run that never completed an iteration" in failed.stdout
+    assert (work / "checkpoints" / "emergency_iter_0.pt").is_file()
+    done = hookrun("train", toy, "--work-dir", work)
+    assert done.returncode == 0, done.stderr
+    assert "starting over in it" in done.stdout and "emergency_iter_0.pt" in done.stdout
+    assert {p.name for p in (work / "checkpoints").iterdir()} == {
+        "epoch_1.pt",
+        "epoch_2.pt",
+        "latest",
+    }
+    records = [json.loads(line) for line in (work / "log.jsonl").read_text().splitlines()]
+    assert "config" in records[0] and sum("config" in r for r in records) == 2  # train, test
+    assert len(list((work / "tensorboard").glob("events.out.tfevents.*"))) == 2
+
+    # a work dir with checkpoints and logged steps is still refused
+    with pytest.raises(HookrunError, match=f"work dir {work} already holds a run"):
+        launch.check_fresh_work_dir(cfg.load(toy, [], work))
 
 
 def test_the_lock_is_reentrant_released_at_the_end_and_not_kept_by_forked_children(tmp_path):
@@ -216,3 +235,44 @@ def test_a_work_dir_that_is_a_file_is_refused(tmp_path):
     path.write_text("x")
     with pytest.raises(HookrunError, match="exists and is not a folder"), workdir.hold(path):
         pass
+
+
+# -- fresh, failed start, trained ----------------------------------------------------------
+
+
+def _jsonl(work: Path, *records: dict) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_failed_start_leftovers_judges_logs_event_files_and_checkpoints(tmp_path):
+    work = tmp_path / "run"
+    ckpts = [work / "checkpoints"]
+    _jsonl(work, {"config": {}})
+    (work / "config.yaml").write_text("task: x\n")
+    (work / "notes.txt").write_text("mine")
+    writer = TensorBoardWriter(work)
+    writer.write_config({"a": 1})
+    writer.close()
+    found = workdir.failed_start_leftovers(work, ckpts)
+    assert found is not None
+    assert sorted(p.relative_to(work).parts[0] for p in found) == ["log.jsonl", "tensorboard"]
+
+    trained = TensorBoardWriter(work)
+    trained.write_scalars({"train/loss": 1.0}, 1)
+    trained.close()
+    assert workdir.failed_start_leftovers(work, ckpts) is None  # a scalar: it trained
+    for events in (work / "tensorboard").iterdir():
+        events.unlink()
+
+    jsonl = JsonlWriter(work)
+    jsonl.write_scalars({"train/loss": 1.0}, 1)
+    jsonl.close()
+    assert workdir.failed_start_leftovers(work, ckpts) is None  # a logged step
+    (work / "log.jsonl").write_text("{torn\n")
+    assert workdir.failed_start_leftovers(work, ckpts) is None  # cannot be judged
+    _jsonl(work, {"config": {}})
+
+    (work / "checkpoints").mkdir()
+    (work / "checkpoints" / "iter_4.pt").write_bytes(b"not a checkpoint")
+    assert workdir.failed_start_leftovers(work, ckpts) is None

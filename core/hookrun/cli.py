@@ -87,8 +87,8 @@ def train(
     """Train the task of CONFIG, then test it when the task has a test_dataloader.
 
     One run at a time per work dir: a work dir another run is using is refused, naming its
-    pid. Refuses a work dir that already holds files unless --resume is given, so no run is
-    ever overwritten.
+    pid. Refuses a work dir that already holds a run unless --resume is given, so no run is
+    ever overwritten; one whose run never completed an iteration is started over.
     """
     from hookrun import config as cfg
     from hookrun import dist, launch, workdir
@@ -99,11 +99,12 @@ def train(
     out = loaded.work_dir
     # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
     with workdir.hold(out, enabled=_rank() == 0, notice=_notice):
-        if resume is None:
-            launch.check_fresh_work_dir(out)
+        leftovers = launch.check_fresh_work_dir(loaded) if resume is None else None
         runner = launch.build_runner(loaded)
         dist.barrier()  # every rank checked the work dir before rank 0 writes into it
         if runner.is_main:
+            if leftovers is not None:
+                _notice(workdir.start_over(out, leftovers))
             launch.save_resolved_config(loaded)
         if verbose:
             _print_hook_table(runner)

@@ -12,18 +12,39 @@ from hookrun.config import LoadedConfig
 from hookrun.errors import HookrunError
 
 
-def check_fresh_work_dir(out: Path) -> None:
-    """Refuse a work dir that already holds files (the lock file aside), so no run is ever
-    overwritten."""
+def check_fresh_work_dir(loaded: LoadedConfig) -> list[Path] | None:
+    """Refuse a work dir that holds a run, so no run is ever overwritten.
+
+    An empty or missing folder is fresh (the lock file aside): None. So is one that only
+    holds what a run that never completed an iteration left
+    (:func:`hookrun.workdir.failed_start_leftovers`): the files to remove before starting
+    over in it are returned.
+    """
+    from hookrun.workdir import LOCK_NAME, failed_start_leftovers
+
+    out = loaded.work_dir
     if out.exists() and not out.is_dir():
         raise HookrunError(f"work dir {out} exists and is not a folder")
-    from hookrun.workdir import LOCK_NAME
-
-    if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()):
+    if not out.is_dir() or all(p.name == LOCK_NAME for p in out.iterdir()):
+        return None
+    leftovers = failed_start_leftovers(out, checkpoint_dirs(loaded))
+    if leftovers is None:
         raise HookrunError(
             f"work dir {out} already holds a run; continue it with `--resume auto`, "
             "or start a new one with another `--work-dir` (or delete the folder)"
         )
+    return leftovers
+
+
+def checkpoint_dirs(loaded: LoadedConfig) -> list[Path]:
+    """Where the run's checkpoints go: ``<work_dir>/checkpoints``, and the checkpoint
+    plugin's ``out_dir`` when the config names one (relative to the work dir)."""
+    out = loaded.work_dir
+    folders = [out / "checkpoints"]
+    section = loaded.data["plugins"].get("checkpoint")
+    if isinstance(section, dict) and section.get("out_dir"):
+        folders.append(out / str(section["out_dir"]))  # an absolute out_dir replaces out
+    return folders
 
 
 def build_runner(loaded: LoadedConfig) -> Any:

@@ -1,4 +1,4 @@
-"""One run at a time per work dir.
+"""One run at a time per work dir, and what a work dir already holds.
 
 - :func:`hold`: an exclusive ``fcntl.flock`` on ``<work_dir>/.hookrun.lock`` for as long as a
   run trains (rank 0 only), with the holder's pid and host written into the file. The lock
@@ -6,6 +6,9 @@
   by a killed run never blocks. Re-entrant within a process (the CLI takes it, then
   ``Runner.train`` takes it again); forked children (DataLoader workers) drop their copy, so
   a worker that outlives a killed parent does not keep the work dir locked.
+- :func:`failed_start_leftovers`: the files a run that never completed an iteration left
+  (the resolved config, a log without a training step, event files without scalars, a
+  checkpoint at iteration 0): such a work dir does not block a new run.
 """
 
 from __future__ import annotations
@@ -16,13 +19,17 @@ import fcntl
 import json
 import os
 import socket
+import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from hookrun.errors import HookrunError
+from hookrun.loop import LoopPosition
 
 LOCK_NAME = ".hookrun.lock"
 # file systems mounted without lock support (Lustre `noflock`, some NFS set-ups)
@@ -160,3 +167,122 @@ def holder(path: Path) -> str:
         if time.monotonic() > deadline:
             return "pid unknown"
         time.sleep(0.05)
+
+
+# -- what a work dir holds -------------------------------------------------------------------
+
+
+def failed_start_leftovers(work_dir: Path, checkpoint_dirs: Iterable[Path]) -> list[Path] | None:
+    """The files that a run which never completed an iteration left in ``work_dir``, to be
+    removed before a new run starts over there; None when the work dir holds a run that
+    trained, or anything that cannot be judged.
+
+    A run trained when a log (``*.jsonl``) holds a record with a ``step`` (scalars), an
+    event file (``*/events.out.tfevents.*``) holds anything but text (the config), or a
+    checkpoint folder holds a file other than ``latest`` and checkpoints at iteration 0 (an
+    emergency save of a first iteration that failed). Files that cannot be judged count as
+    training.
+    ``config.yaml`` (rewritten by the new run), files hookrun does not know and anything
+    outside ``work_dir`` are left where they are.
+    """
+    found: list[Path] = []
+    for log in sorted(work_dir.glob("*.jsonl")):
+        if _log_trained(log):
+            return None
+        found.append(log)
+    for events in sorted(work_dir.glob("*/events.out.tfevents.*")):
+        if _events_trained(events):
+            return None
+        found.append(events)
+    for folder in dict.fromkeys(checkpoint_dirs):  # an out_dir elsewhere is judged too
+        if not folder.is_dir():
+            continue
+        for entry in sorted(folder.iterdir()):
+            if entry.name == "latest" and entry.is_file():
+                found.append(entry)
+                continue
+            if not (entry.is_file() and entry.suffix == ".pt"):
+                return None
+            checkpoint = peek(entry)
+            if checkpoint is None or _loop_iter(checkpoint) != 0:
+                return None
+            found.append(entry)
+    return [path for path in found if path.is_relative_to(work_dir)]  # judged, not removed
+
+
+def start_over(work_dir: Path, leftovers: list[Path]) -> str:
+    """Remove ``leftovers`` (see :func:`failed_start_leftovers`); the line that says so."""
+    for path in leftovers:
+        path.unlink(missing_ok=True)
+    names = [str(p.relative_to(work_dir)) for p in leftovers]
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    removed = f" (removed {shown})" if names else ""
+    return (
+        f"work dir {work_dir} holds a run that never completed an iteration; "
+        f"starting over in it{removed}"
+    )
+
+
+def _log_trained(path: Path) -> bool:
+    try:
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                record = json.loads(line)
+                if not isinstance(record, dict) or "step" in record:
+                    return True
+    except (OSError, ValueError):
+        return True
+    return False
+
+
+def _events_trained(path: Path) -> bool:
+    """Whether a TensorBoard event file (TFRecords of ``Event``) holds more than the
+    config's text; a file that does not parse counts as trained."""
+    try:
+        from tensorboardX.proto.event_pb2 import Event
+
+        with path.open("rb") as f:
+            while header := f.read(12):
+                if len(header) < 12:
+                    return True
+                (size,) = struct.unpack("<Q", header[:8])
+                data = f.read(size)
+                if len(data) < size or len(f.read(4)) < 4:
+                    return True
+                event = Event.FromString(data)
+                for value in event.summary.value:
+                    if value.metadata.plugin_data.plugin_name != "text":
+                        return True
+    except Exception:  # OSError, a protobuf DecodeError, no tensorboardX
+        return True
+    return False
+
+
+def peek(path: Path) -> dict[str, Any] | None:
+    """A checkpoint loaded lazily (tensors memory-mapped) to read its position and check
+    its fit; None when it is not a loadable ``hookrun/1`` file (the resume names why)."""
+    import torch
+
+    from hookrun import checkpoint as ckpt_io
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a zip file (mmap needs one): the ordinary load judges it
+        try:
+            checkpoint = ckpt_io.load(path)
+        except Exception:
+            return None
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != ckpt_io.FORMAT:
+        return None
+    return checkpoint
+
+
+def _loop_iter(checkpoint: dict[str, Any]) -> int | None:
+    try:
+        return LoopPosition.from_state(checkpoint["loop"]).iter
+    except Exception:
+        return None
