@@ -1,5 +1,6 @@
-"""Work dirs: one run at a time (a lock naming its holder), a failed start does not block.
-Real ``python -m hookrun train`` processes for the command line."""
+"""Work dirs: one run at a time (a lock naming its holder), a failed start does not block,
+``--resume auto`` on a finished run changes nothing. Real ``python -m hookrun train``
+processes for the command line."""
 
 from __future__ import annotations
 
@@ -276,3 +277,36 @@ def test_failed_start_leftovers_judges_logs_event_files_and_checkpoints(tmp_path
     (work / "checkpoints").mkdir()
     (work / "checkpoints" / "iter_4.pt").write_bytes(b"not a checkpoint")
     assert workdir.failed_start_leftovers(work, ckpts) is None
+
+
+# -- a finished run ------------------------------------------------------------------------
+
+
+def test_resume_auto_on_a_finished_run_changes_nothing(toy, tmp_path):
+    work = tmp_path / "run"
+    first = hookrun("train", toy, "--work-dir", work)
+    assert first.returncode == 0, first.stderr
+    assert (work / workdir.FINISHED_NAME).is_file()
+    before = snapshot(work)
+    lines = len((work / "log.jsonl").read_text().splitlines())
+
+    again = hookrun("train", toy, "--work-dir", work, "--resume", "auto")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == (
+        f"run in {work} is already finished (iteration 8 of 8); nothing to do"
+    )
+    assert snapshot(work) == before  # no validation, no test, no point, no config rewritten
+    assert len((work / "log.jsonl").read_text().splitlines()) == lines
+
+    # what `hookrun train` decides, asked in-process
+    runner = launch.build_runner(cfg.load(toy, [], work))
+    assert workdir.finished_position(runner) is not None
+    longer = launch.build_runner(cfg.load(toy, ["runner.max_epochs=3"], work))
+    assert workdir.finished_position(longer) is None  # more to train: it resumes
+    marker = (work / workdir.FINISHED_NAME).read_text()
+    (work / workdir.FINISHED_NAME).unlink()  # as after a stop during the final validation
+    assert workdir.finished_position(runner) is None  # it validates and tests on resume
+    (work / workdir.FINISHED_NAME).write_text(marker)
+    (work / "checkpoints" / "latest").unlink()
+    (work / "checkpoints" / "epoch_2.pt").unlink()  # the newest left is epoch_1.pt
+    assert workdir.finished_position(runner) is None

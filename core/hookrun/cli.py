@@ -88,7 +88,8 @@ def train(
 
     One run at a time per work dir: a work dir another run is using is refused, naming its
     pid. Refuses a work dir that already holds a run unless --resume is given, so no run is
-    ever overwritten; one whose run never completed an iteration is started over.
+    ever overwritten; one whose run never completed an iteration is started over. With
+    --resume auto, a run that is already finished is left as it is.
     """
     from hookrun import config as cfg
     from hookrun import dist, launch, workdir
@@ -101,16 +102,26 @@ def train(
     with workdir.hold(out, enabled=_rank() == 0, notice=_notice):
         leftovers = launch.check_fresh_work_dir(loaded) if resume is None else None
         runner = launch.build_runner(loaded)
+        finished = workdir.finished_position(runner) if resume == "auto" else None
+        if finished is not None:
+            last = runner.max_iters
+            beyond = f"of {last}" if finished.iter <= last else f"past the {last} asked for"
+            where = f"iteration {finished.iter} {beyond}"
+            echo(f"run in {out} is already finished ({where}); nothing to do")
+            return
         dist.barrier()  # every rank checked the work dir before rank 0 writes into it
         if runner.is_main:
             if leftovers is not None:
                 _notice(workdir.start_over(out, leftovers))
+            workdir.clear_finished(out)
             launch.save_resolved_config(loaded)
         if verbose:
             _print_hook_table(runner)
         runner.train(resume=resume)
         test = runner.test() if runner.test_dataloader is not None else None
         _print_summary(runner, runner.last_metrics.get("val"), test)
+        if runner.is_main:
+            workdir.mark_finished(runner)  # what `--resume auto` checks
 
 
 def _notice(message: str) -> None:

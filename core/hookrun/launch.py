@@ -20,12 +20,12 @@ def check_fresh_work_dir(loaded: LoadedConfig) -> list[Path] | None:
     (:func:`hookrun.workdir.failed_start_leftovers`): the files to remove before starting
     over in it are returned.
     """
-    from hookrun.workdir import LOCK_NAME, failed_start_leftovers
+    from hookrun.workdir import FINISHED_NAME, LOCK_NAME, failed_start_leftovers
 
     out = loaded.work_dir
     if out.exists() and not out.is_dir():
         raise HookrunError(f"work dir {out} exists and is not a folder")
-    if not out.is_dir() or all(p.name == LOCK_NAME for p in out.iterdir()):
+    if not out.is_dir() or all(p.name in (LOCK_NAME, FINISHED_NAME) for p in out.iterdir()):
         return None
     leftovers = failed_start_leftovers(out, checkpoint_dirs(loaded))
     if leftovers is None:

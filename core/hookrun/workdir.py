@@ -9,6 +9,9 @@
 - :func:`failed_start_leftovers`: the files a run that never completed an iteration left
   (the resolved config, a log without a training step, event files without scalars, a
   checkpoint at iteration 0): such a work dir does not block a new run.
+- :func:`mark_finished` / :func:`finished_position`: a completed ``hookrun train`` records
+  its final position; ``--resume auto`` then finds that the checkpoint it would continue
+  from is the run's end, and does nothing.
 """
 
 from __future__ import annotations
@@ -26,12 +29,16 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hookrun.errors import HookrunError
 from hookrun.loop import LoopPosition
 
+if TYPE_CHECKING:
+    from hookrun.runner import Runner
+
 LOCK_NAME = ".hookrun.lock"
+FINISHED_NAME = ".hookrun.finished"  # the final position of a run that completed
 # file systems mounted without lock support (Lustre `noflock`, some NFS set-ups)
 _NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
 
@@ -286,3 +293,89 @@ def _loop_iter(checkpoint: dict[str, Any]) -> int | None:
         return LoopPosition.from_state(checkpoint["loop"]).iter
     except Exception:
         return None
+
+
+# -- a finished run --------------------------------------------------------------------------
+
+
+def checkpoint_dir(runner: Runner) -> Path:
+    """Where ``resume="auto"`` will look once the run starts: the checkpoint plugin's
+    ``out_dir`` (which its ``before_run`` makes ``runner.checkpoint_dir``) when it has one."""
+    plugin = runner.plugins.get("checkpoint")
+    out_dir = getattr(getattr(plugin, "settings", None), "out_dir", None)
+    if not out_dir:
+        return Path(runner.checkpoint_dir)
+    path = Path(out_dir)
+    return path if path.is_absolute() else runner.work_dir / path
+
+
+def mark_finished(runner: Runner) -> bool:
+    """After a run that completed (training to its end, validation and test included),
+    record its final position in ``<work_dir>/.hookrun.finished``; True when written. A run
+    that stopped early (``stop_training``) is not finished and writes nothing; a record
+    that cannot be written (a full disk) only means a later ``--resume auto`` validates
+    and tests again."""
+    if not _finished(runner, runner.position):
+        return False
+    from hookrun.checkpoint import atomic_write_text
+
+    record = {"loop": runner.position.state_dict(), "max_iters": runner.max_iters}
+    try:
+        atomic_write_text(json.dumps(record) + "\n", Path(runner.work_dir) / FINISHED_NAME)
+    except Exception:
+        return False
+    return True
+
+
+def clear_finished(work_dir: str | Path) -> None:
+    """Forget that the run finished: it is about to train again."""
+    (Path(work_dir) / FINISHED_NAME).unlink(missing_ok=True)
+
+
+def finished_position(runner: Runner) -> LoopPosition | None:
+    """The final position of a run that completed, when ``resume="auto"`` would continue
+    from its last checkpoint and the training loop would have nothing left to do, else None.
+
+    The checkpoint at the end of training is collected before the final validation (and
+    the test) ran, so its position alone cannot tell a completed run from one stopped
+    during that validation; the record :func:`mark_finished` leaves can. It counts when it
+    is finished for this run's ``max_epochs``/``max_iters`` and the checkpoint that the
+    resume would choose (candidates newest first; files that do not load, do not fit the
+    run or hold weights that are not finite passed over silently, as the resume names
+    them) is at the same iteration. Nothing is changed.
+    """
+    from hookrun import checkpoint as ckpt_io
+    from hookrun.resume import fit_problems, non_finite
+
+    try:
+        record = json.loads((Path(runner.work_dir) / FINISHED_NAME).read_text(encoding="utf-8"))
+        final = LoopPosition.from_state(record["loop"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not _finished(runner, final):
+        return None
+    for path in ckpt_io.candidates(checkpoint_dir(runner)):
+        checkpoint = peek(path)
+        if checkpoint is None:
+            continue
+        try:
+            position = LoopPosition.from_state(checkpoint["loop"])
+            unusable = bool(fit_problems(runner, checkpoint, resume=True)) or bool(
+                non_finite(checkpoint["model"])
+            )
+        except Exception:
+            continue
+        if not unusable:  # the same iteration: only the final validation lay between
+            return final if position.iter == final.iter else None
+    return None
+
+
+def _finished(runner: Runner, position: LoopPosition) -> bool:
+    """The training loop's own test, asked of ``position``."""
+    from hookrun.loops import TrainLoop
+
+    saved, runner.position = runner.position, position
+    try:
+        return TrainLoop(runner).finished()
+    finally:
+        runner.position = saved
