@@ -74,6 +74,19 @@ def test_ctrl_c_mid_epoch_saves_at_the_boundary_and_resumes_exactly(
     assert_same_checkpoint(reference / "final.pt", run / "final.pt")
 
 
+def test_a_stop_inside_an_accumulation_group_waits_for_its_end(tmp_path: Path) -> None:
+    """Partial gradients are not saved, so the stop comes at the group's last batch (7
+    batches per epoch, groups of 3: the signal after iteration 11 stops after iteration 13)."""
+    options: dict[str, Any] = {"plugins": {}, "save_every": 0, "grad_accum": 3}
+    run_resume_job(tmp_path / "reference", **options)
+    run = tmp_path / "run"
+    signal_at = {"hook": "after_train_iter", "iters": 11}
+    run_resume_job(run, expect=TERMINATED, signal_at=signal_at, **options)
+    assert (run / "checkpoints" / "stop_iter_13.pt").is_file()
+    run_resume_job(run, resume=True, **options)
+    assert_same_checkpoint(tmp_path / "reference" / "final.pt", run / "final.pt")
+
+
 def test_checkpoint_plugin_reuses_the_periodic_file_of_the_same_position(
     tmp_path: Path, reference: Path
 ) -> None:

@@ -88,6 +88,7 @@ class TrainLoop:
         step = TrainStep(runner, per_epoch)
         stop = self.stop
         agree = stop.agree if stop.distributed else None
+        accum = runner.grad_accum
         before_iter = hooks.before_train_iter if hooks.before_train_iter.used else None
         after_iter = hooks.after_train_iter if hooks.after_train_iter.used else None
         clock = runner.clock  # read inline: a method call per iteration costs a microsecond
@@ -120,12 +121,15 @@ class TrainLoop:
                     agree()
                 paused = now() - paused  # reports are cut out of the next period
                 mark, since = mark + paused, since + paused
-            if by_iters and stop.agreed is None and schedule.due(done):
+            # a stop waits for the accumulation group's end: its partial gradients are not saved
+            group_end = accum == 1 or (batch_idx + 1) % accum == 0 or batch_idx + 1 == per_epoch
+            halt = stop.agreed is not None and group_end
+            if by_iters and not halt and schedule.due(done):
                 paused = now()
-                self.validate()
+                self.validate(stoppable=group_end)
                 paused = now() - paused
                 mark, since = mark + paused, since + paused
-            if runner.stop_training or stop.agreed is not None or (by_iters and self.iters_done()):
+            if runner.stop_training or halt or (by_iters and self.iters_done()):
                 break
         self.stopping()
 
@@ -142,19 +146,22 @@ class TrainLoop:
         self.hooks.after_train_epoch(runner=runner)
         pos.epoch_ending = False
 
-    def validate(self) -> None:
+    def validate(self, stoppable: bool = True) -> None:
         """Validate; the position says so before ``after_val_epoch``, so a checkpoint saved
         from there on (a best one) resumes after this validation, with the random state it
-        left. A stop signal inside validation cuts it short: the random state goes back to
-        where validation began, and the stop's save resumes by validating again."""
+        left. A stop signal inside validation cuts it short (when ``stoppable``: not inside an
+        accumulation group): the random state goes back to where validation began, and the
+        stop's save resumes by validating again."""
         runner, pos = self.runner, self.runner.position
         start = time.perf_counter()
-        rng = runner.rng_state() if self.stop.numbers else None
+        rng = runner.rng_state() if self.stop.numbers and stoppable else None
 
         def validated() -> None:
             pos.phase = Phase.VALIDATED
 
-        metrics = evaluate_or_stop(runner, runner._loaders["val"], "val", True, done=validated)
+        metrics = evaluate_or_stop(
+            runner, runner._loaders["val"], "val", True, done=validated, stoppable=stoppable
+        )
         runner.reporter.validation_took(time.perf_counter() - start)
         if metrics is None and rng is not None:
             runner.set_rng_state(rng)
@@ -236,20 +243,25 @@ class TrainStep:
 
 def evaluate(runner: Any, loader: Any, mode: str, hooks: bool) -> dict[str, float]:
     """:func:`evaluate_or_stop` that no stop signal can cut short."""
-    metrics = evaluate_or_stop(runner, loader, mode, hooks, done=None)
-    assert metrics is not None  # only a pass given ``done`` is stoppable
+    metrics = evaluate_or_stop(runner, loader, mode, hooks, done=None, stoppable=False)
+    assert metrics is not None
     return metrics
 
 
 def evaluate_or_stop(
-    runner: Any, loader: Any, mode: str, hooks: bool, done: Callable[[], None] | None
+    runner: Any,
+    loader: Any,
+    mode: str,
+    hooks: bool,
+    done: Callable[[], None] | None,
+    stoppable: bool,
 ) -> dict[str, float] | None:
     """One pass over ``loader`` in eval mode, metrics averaged over every sample of every
     rank. With ``hooks`` the ``*_{mode}*`` hook points fire, all of them in eval mode, and
     the metrics go to the writers; the training mode is restored afterwards. ``done`` is
     called once the pass is complete, before ``after_{mode}_epoch``.
 
-    A stop signal agreed during the pass (in training) ends it at a batch boundary: then
+    A stop signal agreed during a ``stoppable`` pass ends it at a batch boundary: then
     ``after_{mode}_epoch`` does not fire, ``after_{mode}`` does, and the result is None."""
     points = runner.hooks if hooks else None
     model = runner.unwrapped_model
@@ -260,7 +272,7 @@ def evaluate_or_stop(
             getattr(points, f"before_{mode}")(runner=runner)
             getattr(points, f"before_{mode}_epoch")(runner=runner)
         dist.broadcast_buffers(model)  # the weights evaluated, an EMA's swapped in too
-        metrics = _pass(runner, loader, mode, points, stoppable=done is not None)
+        metrics = _pass(runner, loader, mode, points, stoppable=stoppable)
         if metrics is not None and done is not None:
             done()
         if points is not None:
