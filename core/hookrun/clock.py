@@ -10,7 +10,6 @@ after the previous iteration's hooks.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 
 
@@ -31,9 +30,8 @@ class IterationClock:
         """A new ``train()`` call: totals from zero."""
         self.pending.clear()
         self.recent.clear()
-        self.started = time.perf_counter()
         self.iters = self.timed_iters = 0
-        self.seconds = self.timed_seconds = self.data_seconds = 0.0
+        self.seconds = self.timed_seconds = 0.0
 
     def fold(self) -> None:
         """Move the pending iterations into the totals and the window."""
@@ -44,7 +42,6 @@ class IterationClock:
             self.timed_seconds += sum(period for period, _, _ in timed)
             self.iters += len(pending)
             self.seconds += sum(period for period, _, _ in pending)
-            self.data_seconds += sum(data for _, data, _ in pending)
             self.recent.extend(timed)
             pending.clear()
 
@@ -59,7 +56,3 @@ class IterationClock:
         self.fold()
         recent = self.recent
         return list(recent)[-size:] if size < len(recent) else list(recent)
-
-    def elapsed(self) -> float:
-        """Wall seconds since this ``train()`` call started."""
-        return time.perf_counter() - self.started
