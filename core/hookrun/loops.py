@@ -87,7 +87,7 @@ class TrainLoop:
         interval, last = reporter.interval, reporter.last
         step = TrainStep(runner, per_epoch)
         stop = self.stop
-        agree = stop.agree if stop.distributed else None
+        agree = reporter.agree_ranks if runner.world_size > 1 else None
         accum = runner.grad_accum
         before_iter = hooks.before_train_iter if hooks.before_train_iter.used else None
         after_iter = hooks.after_train_iter if hooks.after_train_iter.used else None
@@ -116,9 +116,9 @@ class TrainLoop:
             pos.iter_ending = False
             if report:
                 paused = now()
-                reporter.report(done)
                 if agree is not None:
                     agree()
+                reporter.report(done)
                 paused = now() - paused  # reports are cut out of the next period
                 mark, since = mark + paused, since + paused
             # a stop waits for the accumulation group's end: its partial gradients are not saved

@@ -29,7 +29,6 @@ from hookrun import (
     PluginSettings,
     Priority,
     RunnerProtocol,
-    dist,
     format_duration,
     hookimpl,
 )
@@ -113,14 +112,17 @@ class Timer(Plugin[TimerSettings]):
             "train/data_time": Deferred(segment.data_time),
             "train/throughput": Deferred(lambda: float(segment.speed()[1])),
         }
+        if runner.world_size > 1:  # the core measures it at every report point
+            clock = runner.clock
+            deferred["train/data_time_max"] = Deferred(
+                lambda: math.nan if clock.slowest_data_time is None else clock.slowest_data_time
+            )
         for name, value in deferred.items():
             runner.scalars.gauge(name, value)
 
     def unused_hooks(self, runner: RunnerProtocol) -> set[str]:
-        """Per-iteration work remains only for CUDA events and the slowest rank's data time."""
-        if self.events_wanted(runner) or runner.world_size > 1:
-            return set()
-        return {"after_train_iter"}
+        """Per-iteration work remains only for CUDA events."""
+        return set() if self.events_wanted(runner) else {"after_train_iter"}
 
     def events_wanted(self, runner: RunnerProtocol) -> bool:
         wanted = self.settings.cuda_events
@@ -132,15 +134,9 @@ class Timer(Plugin[TimerSettings]):
             self.segment.start_training()
 
     @hookimpl
-    def after_train_iter(self, runner: RunnerProtocol) -> None:
-        segment = self.segment
-        if segment is None:
-            return
-        segment.iteration_done()
-        window = self.settings.window
-        if segment.world_size > 1 and (runner.iter + 1) % window == 0 and segment.timed():
-            slowest_rank = slowest(segment.data_time(), runner.device)
-            runner.scalars.gauge("train/data_time_max", slowest_rank)
+    def after_train_iter(self) -> None:
+        if self.segment is not None:
+            self.segment.iteration_done()
 
     @hookimpl
     def before_val(self) -> None:
@@ -236,7 +232,6 @@ class Segment:
         self.clock.keep(settings.window)
         self.size = settings.window
         self.warmup = settings.warmup
-        self.world_size = runner.world_size
         self.events: deque[tuple[Any, Any, int]] | None = (
             deque(maxlen=settings.window) if use_events else None
         )
@@ -251,11 +246,6 @@ class Segment:
         self.training = True
         if self.events is not None:
             self.last_event = record_event()
-
-    def timed(self) -> bool:
-        """Whether an iteration past warm-up has been folded into the core clock."""
-        self.clock.fold()
-        return self.clock.timed_iters > 0
 
     def iteration_done(self) -> None:
         """CUDA events only: one recorded per iteration, its samples from the core clock."""
@@ -400,10 +390,3 @@ def profile_table(rows: list[dict[str, Any]]) -> Table:
             f"{row['mean_us']:.1f} µs",
         )
     return table
-
-
-def slowest(data_time: float, device: Any) -> float:
-    """The slowest rank's data time: one small all-reduce, every ``window`` iterations on
-    every rank (a loader starving one rank stalls them all)."""
-    value = torch.tensor([data_time], dtype=torch.float64, device=device)
-    return float(dist.all_reduce_max(value).item())
