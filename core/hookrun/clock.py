@@ -37,6 +37,12 @@ class IterationClock:
         self.seconds = self.timed_seconds = 0.0
         self.interval = (0, 0.0)  # (iterations, data seconds) since the last take_data_time
         self.slowest_data_time = None
+        self.val_passes, self.val_seconds = 0, 0.0  # validation passes inside training
+
+    def validated(self, seconds: float) -> None:
+        """A validation pass of the training loop took ``seconds`` (cut out of the periods)."""
+        self.val_passes += 1
+        self.val_seconds += seconds
 
     def fold(self) -> None:
         """Move the pending iterations into the totals and the window."""

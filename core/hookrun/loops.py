@@ -180,7 +180,7 @@ class TrainLoop:
         metrics = evaluate_or_stop(
             runner, runner._loaders["val"], "val", True, done=validated, stoppable=True
         )
-        runner.reporter.validation_took(time.perf_counter() - start)
+        runner.clock.validated(time.perf_counter() - start)
         if metrics is None and rng is not None:
             runner.set_rng_state(rng)
             self.stopping()

@@ -25,16 +25,14 @@ class Reporter:
         self.runner = runner
         self.interval = interval
         self.lrs: list[float] = []  # the learning rates the reported iteration trained with
-        self.mark = (0.0, 0)  # (clock, completed iterations) at the previous report
-        self.val_seconds = 0.0  # validation time since the previous report
-        self.val_total = (0, 0.0)  # (passes, seconds) over this process's run
+        # (clock, completed iterations, the clock's validation seconds) at the previous report
+        self.mark = (0.0, 0, 0.0)
         self.last = 0  # the run's last iteration, fixed when training starts
         self.group: Any = None  # a gloo group for the report points' all-reduce (CPU tensors)
 
     def start(self, done: int) -> None:
         runner = self.runner
-        self.mark = (time.perf_counter(), done)
-        self.val_seconds = 0.0
+        self.mark = (time.perf_counter(), done, runner.clock.val_seconds)
         self.last = runner.max_iters
         if runner.world_size > 1 and self.group is None:
             import torch.distributed as dist
@@ -63,11 +61,6 @@ class Reporter:
         groups = optimizer.param_groups if optimizer is not None else []
         self.lrs = [float(group["lr"]) for group in groups if "lr" in group]
 
-    def validation_took(self, seconds: float) -> None:
-        self.val_seconds += seconds
-        passes, total = self.val_total
-        self.val_total = (passes + 1, total + seconds)
-
     def report(self, done: int) -> None:
         """Read, write and announce the report of ``done`` completed iterations (rank 0)."""
         runner = self.runner
@@ -88,16 +81,17 @@ class Reporter:
     def eta(self, done: int) -> float | None:
         """Seconds left: the remaining iterations at the last interval's pace (validation cut
         out), plus the remaining validations at their measured mean."""
-        now = time.perf_counter()
-        then, then_done = self.mark
-        self.mark = (now, done)
-        seconds, self.val_seconds = now - then - self.val_seconds, 0.0
+        clock = self.runner.clock
+        now, validating = time.perf_counter(), clock.val_seconds
+        then, then_done, then_validating = self.mark
+        self.mark = (now, done, validating)
         if done <= then_done:
             return None
+        seconds = now - then - (validating - then_validating)
         eta = (self.last - done) * max(seconds, 0.0) / (done - then_done)
-        passes, total = self.val_total
-        if passes:
-            eta += remaining_validations(self.runner, done) * total / passes
+        if clock.val_passes:
+            mean = validating / clock.val_passes
+            eta += remaining_validations(self.runner, done) * mean
         return eta
 
 

@@ -121,8 +121,8 @@ class Timer(Plugin[TimerSettings]):
             runner.scalars.gauge(name, value)
 
     def unused_hooks(self, runner: RunnerProtocol) -> set[str]:
-        """Per-iteration work remains only for CUDA events."""
-        return set() if self.events_wanted(runner) else {"after_train_iter"}
+        """Per-iteration work and validation's end matter only to CUDA events."""
+        return set() if self.events_wanted(runner) else {"after_train_iter", "after_val"}
 
     def events_wanted(self, runner: RunnerProtocol) -> bool:
         wanted = self.settings.cuda_events
@@ -139,14 +139,10 @@ class Timer(Plugin[TimerSettings]):
             self.segment.iteration_done()
 
     @hookimpl
-    def before_val(self) -> None:
-        if self.segment is not None and self.segment.training:
-            self.segment.pause()
-
-    @hookimpl
     def after_val(self) -> None:
+        """CUDA events: the next iteration's period starts after validation."""
         if self.segment is not None and self.segment.training:
-            self.segment.resume()
+            self.segment.restart_events()
 
     @hookimpl
     def after_train(self) -> None:
@@ -239,8 +235,7 @@ class Segment:
         self._speed: tuple[Any, Any] = (0.0, 0.0)
         self._speed_at = -1
         self.training = False
-        self.iters = self.val_passes = 0  # iterations seen by after_train_iter (CUDA events)
-        self.val_seconds = self.pause_start = 0.0
+        self.iters = 0  # iterations seen by after_train_iter (CUDA events)
 
     def start_training(self) -> None:
         self.training = True
@@ -282,13 +277,7 @@ class Segment:
         samples = sum(count for _, _, count in window)
         return seconds / len(window), samples / seconds if seconds > 0 else 0.0
 
-    def pause(self) -> None:
-        self.pause_start = time.perf_counter()
-
-    def resume(self) -> None:
-        """Count the validation pass (the core clock already cuts it out of the periods)."""
-        self.val_passes += 1
-        self.val_seconds += time.perf_counter() - self.pause_start
+    def restart_events(self) -> None:
         if self.events is not None:
             self.last_event = record_event()
 
@@ -302,8 +291,8 @@ class Segment:
             "timed_iters": clock.timed_iters,
             "timed_seconds": clock.timed_seconds,
             "hooks": self.stats.total - self.hooks_start,
-            "val_passes": self.val_passes,
-            "val_seconds": self.val_seconds,
+            "val_passes": clock.val_passes,
+            "val_seconds": clock.val_seconds,
         }
 
 
