@@ -56,6 +56,7 @@ Rule = Literal["greater", "less"]
 STALE_TEMP = re.compile(r"\.(?:[\w.-]+\.pt|latest)\..+\.tmp")
 ROTATING = re.compile(r"(?:emergency_)?iter_[0-9]+\.pt|epoch_[0-9]+\.pt")
 BEST = re.compile(r"best_[A-Za-z0-9_.-]+\.pt")
+TOP = re.compile(r"top_[A-Za-z0-9_.+-]+_iter_[0-9]+\.pt")
 
 
 class CheckpointSettings(PluginSettings):
@@ -80,8 +81,9 @@ class CheckpointSettings(PluginSettings):
     )
     save_last: bool = Field(
         True,
-        description="Also save at the end of training when the last epoch or iteration is not "
-        "a multiple of `interval`.",
+        description="Save the final state of every run: at the end of training when the last "
+        "epoch or iteration is not a multiple of `interval`, and when a hook (early stopping, "
+        "for instance) ends training with `stop_training`.",
     )
     save_best: str | list[str] | None = Field(
         None,
@@ -96,6 +98,13 @@ class CheckpointSettings(PluginSettings):
         "decides from the whole words of the name (loss, error, mse, ...: less; accuracy, auc, "
         "f1, map, iou, ...: greater; the last such word wins) and is an error for a name with "
         "none of them.",
+    )
+    save_top_k: int | None = Field(
+        None,
+        ge=1,
+        description="Also keep the `save_top_k` best checkpoints of each `save_best` metric as "
+        "`top_<metric>_<value>_iter_<N>.pt`, deleting the one that drops out (a tie keeps the "
+        "earlier); `null`: none. Needs `save_best`.",
     )
     save_optimizer: bool = Field(
         True,
@@ -131,6 +140,13 @@ class CheckpointSettings(PluginSettings):
             raise ValueError("'auto' stands alone, not in a list of names")
         return value
 
+    @field_validator("save_top_k")
+    @classmethod
+    def _check_top_k(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("save_best"):
+            raise ValueError("needs save_best: the metric whose best checkpoints are kept")
+        return value
+
     @field_validator("rule")
     @classmethod
     def _check_rule(cls, value: str, info: ValidationInfo) -> str:
@@ -154,6 +170,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         super().__init__(settings)
         self.kept: list[str] = []  # files max_keep rotates, oldest first
         self.best: dict[str, dict[str, Any]] = {}  # metric -> score, file, rule, epoch, iter
+        self.top: dict[str, list[dict[str, Any]]] = {}  # metric -> save_top_k entries, best first
         self.latest: str | None = None
         self.out_dir = Path("checkpoints")
         self.protected: str | None = None  # the file this run resumed from
@@ -170,6 +187,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         return {
             "kept": list(self.kept),
             "best": {metric: dict(entry) for metric, entry in self.best.items()},
+            "top": {metric: [dict(e) for e in entries] for metric, entries in self.top.items()},
             "latest": self.latest,
         }
 
@@ -177,6 +195,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         """Put back bookkeeping this plugin produced itself (no checks needed)."""
         self.kept = list(state["kept"])
         self.best = {metric: dict(entry) for metric, entry in state["best"].items()}
+        self.top = {metric: [dict(e) for e in entries] for metric, entries in state["top"].items()}
         self.latest = state["latest"]
         self.saved = saved
 
@@ -201,9 +220,17 @@ class Checkpoint(Plugin[CheckpointSettings]):
                 self.ignored.append((what, "not a file name in"))
             else:
                 self.best[str(metric)] = dict(entry)
+        top = state.get("top") or {}
+        self.top = {}
+        for metric, entries in top.items() if isinstance(top, dict) else ():
+            for entry in entries if isinstance(entries, (list, tuple)) else [entries]:
+                if best_entry(entry) is None or not plain_name(entry["file"], TOP):
+                    self.ignored.append((f"top entry {metric!r} ({entry!r})", "not a file in"))
+                else:
+                    self.top.setdefault(str(metric), []).append(dict(entry))
         latest = state.get("latest")
         self.latest = None
-        if plain_name(latest, ROTATING) or plain_name(latest, BEST):
+        if any(plain_name(latest, kind) for kind in (ROTATING, BEST, TOP)):
             self.latest = latest
         elif latest is not None:
             self.ignored.append((f"latest {latest!r}", "not a file name in"))
@@ -238,7 +265,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         if runner.world_size > 1:
             view = dist.all_gather_object(view)[0]
         assert view is not None
-        self.kept, self.best, notices = view
+        self.kept, self.best, self.top, notices = view
         for line in notices:
             runner.info(line)
         resumed, self.protected = runner.resumed_from, None
@@ -247,7 +274,9 @@ class Checkpoint(Plugin[CheckpointSettings]):
         if self.settings.save_best and runner.val_dataloader is None:
             runner.info("checkpoint: save_best is set but there is no val_dataloader")
 
-    def _survey(self) -> tuple[list[str], dict[str, dict[str, Any]], list[str]]:
+    def _survey(
+        self,
+    ) -> tuple[list[str], dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]], list[str]]:
         """The kept names and best entries whose files exist in ``out_dir``, and a notice
         for each name that resolves elsewhere (a symbolic link out of the folder)."""
         notices: list[str] = []
@@ -267,9 +296,15 @@ class Checkpoint(Plugin[CheckpointSettings]):
             for metric, entry in self.best.items()
             if usable(f"best entry {metric!r} ({entry['file']!r})", entry["file"])
         }
+        top = {
+            metric: [
+                e for e in entries if usable(f"top entry {metric!r} ({e['file']!r})", e["file"])
+            ]
+            for metric, entries in self.top.items()
+        }
         if self.settings.save_best:
             best = self._best_on_disk(best, notices)
-        return kept, best, notices
+        return kept, best, top, notices
 
     def _best_on_disk(
         self, best: dict[str, dict[str, Any]], notices: list[str]
@@ -370,34 +405,46 @@ class Checkpoint(Plugin[CheckpointSettings]):
         """Save each metric that beats its best so far to its best file: ``best_<metric>.pt``,
         or ``best_<metric>.iter_<N>.pt`` while the former is the file this run resumed from;
         a best file of this metric that the new one supersedes is deleted after it, never
-        the resumed-from file."""
+        the resumed-from file. With ``save_top_k``, a score among the k best is also saved to
+        its top file, and the top file it pushes out is deleted (never the resumed-from file).
+        """
         if not self.training or self.stopped or not self.settings.save_best:
             return
         updates: dict[str, dict[str, Any]] = {}
+        top: dict[str, list[dict[str, Any]]] = {}
+        names: list[str] = []  # the top files to write, then the best files
         superseded: list[str] = []
         for metric, rule in self._best_metrics(metrics).items():
             value = float(metrics[metric])
-            entry = self.best.get(metric)
-            if math.isnan(value) or not (entry is None or better(rule, value, entry["score"])):
+            if math.isnan(value):
                 continue
-            stem = "best_" + re.sub(r"[^A-Za-z0-9_.-]", "_", metric)
-            name = f"{stem}.pt"
+            record = {"score": value, "rule": rule, "epoch": runner.epoch, "iter": runner.iter}
+            stem = re.sub(r"[^A-Za-z0-9_.-]", "_", metric)
+            if self.settings.save_top_k is not None:
+                name = f"top_{stem}_{value:.6g}_iter_{runner.iter}.pt"
+                entries = [e for e in self.top.get(metric, []) if e["file"] != name]
+                kept, dropped = rank_top(
+                    [*entries, {**record, "file": name}], self.settings.save_top_k
+                )
+                if any(e["file"] == name for e in kept) and name != self.protected:
+                    top[metric] = kept
+                    names.append(name)
+                    superseded += [e["file"] for e in dropped if e["file"] != self.protected]
+            entry = self.best.get(metric)
+            if not (entry is None or better(rule, value, entry["score"])):
+                continue
+            name = f"best_{stem}.pt"
             if name == self.protected:
-                name = f"{stem}.iter_{runner.iter}.pt"
-            updates[metric] = {
-                "score": value,
-                "file": name,
-                "rule": rule,
-                "epoch": runner.epoch,
-                "iter": runner.iter,
-            }
+                name = f"best_{stem}.iter_{runner.iter}.pt"
+            updates[metric] = {**record, "file": name}
             if entry is not None and entry["file"] not in (name, self.protected):
                 superseded.append(entry["file"])
-        if updates:
-            names = [entry["file"] for entry in updates.values()]
-            self._save(runner, names, best=updates, superseded=superseded)
+        names += [entry["file"] for entry in updates.values()]
+        if names:
+            self._save(runner, names, best=updates, top=top, superseded=superseded)
             scores = ", ".join(f"{m} {e['score']:.6g}" for m, e in updates.items())
-            runner.info(f"checkpoint: new best {scores}")
+            if scores:
+                runner.info(f"checkpoint: new best {scores}")
 
     @hookimpl
     def save_on_stop(self, runner: RunnerProtocol) -> Path:
@@ -412,8 +459,17 @@ class Checkpoint(Plugin[CheckpointSettings]):
         return self.out_dir / self.latest
 
     @hookimpl
-    def after_train(self) -> None:
-        self.training = False
+    def after_train(self, runner: RunnerProtocol) -> None:
+        """When a hook ended training with ``stop_training`` (not a stop signal: its save is
+        done), save the final state, unless the last file saved is a periodic one of it."""
+        training, self.training = self.training, False
+        if not (training and runner.stop_training and self.settings.save_last) or self.stopped:
+            return
+        saved = self.saved
+        if saved is None or saved[0] != runner.position.state_dict():
+            self._save(runner)
+        elif not plain_name(saved[1], ROTATING):
+            self._save(runner)  # the final state under a periodic name, beside its best file
 
     @hookimpl
     def after_run(self, runner: RunnerProtocol) -> None:
@@ -452,6 +508,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         runner: RunnerProtocol,
         names: list[str] | None = None,
         best: dict[str, dict[str, Any]] | None = None,
+        top: dict[str, list[dict[str, Any]]] | None = None,
         emergency: bool = False,
         background: bool = True,
         superseded: list[str] | None = None,
@@ -463,6 +520,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self._wait()
         previous, previous_saved = self.state_dict(), self.saved
         self.best.update(best or {})
+        self.top.update(top or {})
         state = runner.checkpoint_state(self.settings.save_optimizer)
         if names is None:
             names = [position_name(state, self.settings.by_epoch and not emergency)]
@@ -530,7 +588,8 @@ class Checkpoint(Plugin[CheckpointSettings]):
         except OSError as exc:
             raise CheckpointError(f"cannot write {pointer}: {exc.strerror or exc}") from exc
         for name in delete:
-            if not (plain_name(name, ROTATING) or plain_name(name, BEST)) or not self._inside(name):
+            own = any(plain_name(name, kind) for kind in (ROTATING, BEST, TOP))
+            if not own or not self._inside(name):
                 continue  # never reached: the bookkeeping holds only such names
             try:
                 (self.out_dir / name).unlink(missing_ok=True)
@@ -572,6 +631,20 @@ def undecided(metric: str) -> str:
         f"cannot tell from the metric name {metric!r} whether greater or less is better; "
         "set rule: greater or rule: less"
     )
+
+
+def rank_top(
+    entries: list[dict[str, Any]], k: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ``k`` best of ``entries`` (best first) and the rest: by score in the direction of
+    their rule, equal scores by iteration, so a tie keeps the earlier checkpoint."""
+
+    def key(entry: dict[str, Any]) -> tuple[float, int]:
+        score = float(entry["score"])
+        return (-score if entry["rule"] == "greater" else score, int(entry["iter"]))
+
+    ranked = sorted(entries, key=key)
+    return ranked[:k], ranked[k:]
 
 
 def plain_name(value: Any, pattern: re.Pattern[str]) -> bool:
