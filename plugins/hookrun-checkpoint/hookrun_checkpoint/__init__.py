@@ -47,6 +47,7 @@ from hookrun import (
     dist,
     hookimpl,
     metric_rule,
+    resolve_rule,
 )
 from hookrun_checkpoint.background import BackgroundWriter, HostCopy
 
@@ -153,8 +154,7 @@ class CheckpointSettings(PluginSettings):
         best = info.data.get("save_best")
         if value == "auto" and best not in (None, "auto"):
             for name in [best] if isinstance(best, str) else best:
-                if metric_rule(name) is None:
-                    raise ValueError(undecided(name))
+                resolve_rule(name, value)
         return value
 
 
@@ -612,10 +612,10 @@ class Checkpoint(Plugin[CheckpointSettings]):
                     f"plugins.checkpoint.save_best: validation reports no metric {name!r} "
                     f"(it reports: {', '.join(metrics) or 'nothing'})"
                 )
-            rule = self.settings.rule if self.settings.rule != "auto" else metric_rule(name)
-            if rule is None:
-                raise ConfigError(f"plugins.checkpoint.rule: {undecided(name)}")
-            rules[name] = rule
+            try:
+                rules[name] = resolve_rule(name, self.settings.rule)
+            except ValueError as exc:
+                raise ConfigError(f"plugins.checkpoint.rule: {exc}") from None
         return rules
 
 
@@ -623,14 +623,6 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
 
 guess_rule = metric_rule  # this module's name for the rule before it moved into hookrun
-
-
-def undecided(metric: str) -> str:
-    """The error for ``rule: auto`` on a name that ``hookrun.metric_rule`` cannot decide."""
-    return (
-        f"cannot tell from the metric name {metric!r} whether greater or less is better; "
-        "set rule: greater or rule: less"
-    )
 
 
 def rank_top(

@@ -24,7 +24,7 @@ from hookrun import (
     better,
     dist,
     hookimpl,
-    metric_rule,
+    resolve_rule,
 )
 
 __all__ = ["EarlyStopping", "EarlyStoppingSettings"]
@@ -73,16 +73,14 @@ class EarlyStoppingSettings(PluginSettings):
     @classmethod
     def _rule_is_decidable(cls, value: str, info: ValidationInfo) -> str:
         monitor = info.data.get("monitor")
-        if value == "auto" and monitor is not None and metric_rule(monitor) is None:
-            raise ValueError(undecided(monitor))
+        if monitor is not None:
+            resolve_rule(monitor, value)
         return value
 
     @property
     def direction(self) -> Rule:
         """``rule`` with ``auto`` resolved from the monitor's name (decidable, see above)."""
-        rule = metric_rule(self.monitor) if self.rule == "auto" else self.rule
-        assert rule is not None
-        return rule
+        return resolve_rule(self.monitor, self.rule)
 
 
 class EarlyStopping(Plugin[EarlyStoppingSettings]):
@@ -170,14 +168,3 @@ class EarlyStopping(Plugin[EarlyStoppingSettings]):
         if self.wait < s.patience:
             return None
         return f"{monitor} did not improve for {self.wait} validations (best {self.best:.6g})"
-
-
-# -- helpers -----------------------------------------------------------------------------
-
-
-def undecided(metric: str) -> str:
-    """The error for ``rule: auto`` on a name that ``hookrun.metric_rule`` cannot decide."""
-    return (
-        f"cannot tell from the metric name {metric!r} whether greater or less is better; "
-        "set rule: greater or rule: less"
-    )
