@@ -154,6 +154,16 @@ def test_thresholds_non_finite_values_and_min_epochs(
     assert runner.epoch == epoch
 
 
+def test_iteration_based_runs_stop_at_the_validation_that_decides(tmp_path: Path) -> None:
+    # validation every 3 iterations over 2-batch epochs: the third validation (iteration 9,
+    # inside the fifth pass) is the first without improvement, patience 1
+    runner = scripted_runner(tmp_path, {"patience": 1}, [0.5, 0.6, 0.6, 0.9], max_epochs=None,
+                             max_iters=12, val_interval=3)  # fmt: skip
+    runner.train()
+    assert runner.iter == 9
+    assert runner.plugins["early_stopping"].state_dict()["wait"] == 1
+
+
 def test_rule_auto_reads_whole_words(tmp_path: Path) -> None:
     # "answer_accuracy" holds "wer": a substring rule would minimise it
     runner = scripted_runner(tmp_path, {"patience": 1}, [0.2, 0.9, 0.5, 0.95], "answer_accuracy")
