@@ -90,7 +90,7 @@ def lightning_stop_epoch(script: list[float], mode: str, patience: int, min_delt
     """Lightning's EarlyStopping decision (``_evaluate_stopping_criteria``) after each epoch."""
     callbacks = pytest.importorskip("lightning.pytorch.callbacks")
     stopper = callbacks.EarlyStopping(monitor="m", patience=patience, mode=mode,
-                                      min_delta=min_delta, cumulative_delta=True)  # fmt: skip
+                                      min_delta=min_delta)  # fmt: skip
     for epoch, value in enumerate(script, start=1):
         should_stop, _ = stopper._evaluate_stopping_criteria(torch.tensor(value))
         if should_stop:
