@@ -56,6 +56,34 @@ def test_third_party_plugin_and_writer_from_a_config_file(grad_norm_installed, t
     assert sum(",train/gnorm," in r for r in rows[1:]) == len(norms)
 
 
+def test_third_party_grad_norm_equals_torchs_total_norm(grad_norm_installed, tmp_path):
+    """The example's value at every optimizer step against ``torch.nn.utils.get_total_norm``
+    of the same gradients, taken by a hook that runs after it at the same hook point."""
+    import torch
+
+    from hookrun import Runner, hookimpl
+    from hookrun.testing import toy_runner_kwargs
+
+    class Reference:
+        priority = 90
+
+        def __init__(self):
+            self.norms = []
+
+        @hookimpl
+        def before_optimizer_step(self, optimizer):
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"]]
+            self.norms.append(float(torch.nn.utils.get_total_norm(grads, 3.0)))
+
+    reference = Reference()
+    kwargs = toy_runner_kwargs(tmp_path, hooks=[reference], plugins={"grad_norm": {"norm_type": 3}})
+    runner = Runner(**kwargs)
+    runner.train()
+    logged = [float(v) for v in runner.scalars.history("train/grad_norm")]
+    assert len(logged) == len(reference.norms) == 6
+    assert logged == pytest.approx(reference.norms, rel=1e-6)
+
+
 def test_third_party_settings_are_validated_by_name(grad_norm_installed, tmp_path):
     write(tmp_path / "toytask.py", TOY_TASK)
     config = write(
