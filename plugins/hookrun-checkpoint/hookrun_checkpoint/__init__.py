@@ -32,7 +32,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from pydantic import Field, ValidationInfo, field_validator
 
 from hookrun import (
@@ -50,14 +49,22 @@ from hookrun import (
     resolve_rule,
 )
 from hookrun_checkpoint.background import BackgroundWriter, HostCopy
+from hookrun_checkpoint.ledger import (
+    BEST,
+    ROTATING,
+    TOP,
+    Rule,
+    inside,
+    plain_name,
+    position_name,
+    rank_top,
+    read_bookkeeping,
+    survey,
+)
 
 __all__ = ["Checkpoint", "CheckpointSettings", "HostCopy"]
 
-Rule = Literal["greater", "less"]
 STALE_TEMP = re.compile(r"\.(?:[\w.-]+\.pt|latest)\..+\.tmp")
-ROTATING = re.compile(r"(?:emergency_)?iter_[0-9]+\.pt|epoch_[0-9]+\.pt")
-BEST = re.compile(r"best_[A-Za-z0-9_.-]+\.pt")
-TOP = re.compile(r"top_[A-Za-z0-9_.+-]+_iter_[0-9]+\.pt")
 
 
 class CheckpointSettings(PluginSettings):
@@ -202,38 +209,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take the bookkeeping a checkpoint holds, keeping only plain file names of the
         plugin's own kinds; what is dropped is named in ``before_train``."""
-        self.ignored = []
-        kept = state.get("kept") or []
-        self.kept = []
-        for name in kept if isinstance(kept, (list, tuple)) else [kept]:
-            if plain_name(name, ROTATING):
-                self.kept.append(name)
-            else:
-                self.ignored.append((f"kept entry {name!r}", "not a file name in"))
-        best = state.get("best") or {}
-        self.best = {}
-        for metric, entry in best.items() if isinstance(best, dict) else ():
-            if best_entry(entry) is None:
-                self.ignored.append((f"best entry {metric!r}", "not a valid entry"))
-            elif not plain_name(entry["file"], BEST):
-                what = f"best entry {metric!r} ({entry['file']!r})"
-                self.ignored.append((what, "not a file name in"))
-            else:
-                self.best[str(metric)] = dict(entry)
-        top = state.get("top") or {}
-        self.top = {}
-        for metric, entries in top.items() if isinstance(top, dict) else ():
-            for entry in entries if isinstance(entries, (list, tuple)) else [entries]:
-                if best_entry(entry) is None or not plain_name(entry["file"], TOP):
-                    self.ignored.append((f"top entry {metric!r} ({entry!r})", "not a file in"))
-                else:
-                    self.top.setdefault(str(metric), []).append(dict(entry))
-        latest = state.get("latest")
-        self.latest = None
-        if any(plain_name(latest, kind) for kind in (ROTATING, BEST, TOP)):
-            self.latest = latest
-        elif latest is not None:
-            self.ignored.append((f"latest {latest!r}", "not a file name in"))
+        self.kept, self.best, self.top, self.latest, self.ignored = read_bookkeeping(state)
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -261,7 +237,10 @@ class Checkpoint(Plugin[CheckpointSettings]):
         for what, why in self.ignored:
             runner.info(f"checkpoint: ignoring {what} from the checkpoint: {why} {self.out_dir}")
         self.ignored = []
-        view = self._survey() if runner.is_main else None
+        view = None
+        if runner.is_main:
+            s = self.settings
+            view = survey(self.out_dir, self.kept, self.best, self.top, s.save_best, s.rule)
         if runner.world_size > 1:
             view = dist.all_gather_object(view)[0]
         assert view is not None
@@ -273,92 +252,6 @@ class Checkpoint(Plugin[CheckpointSettings]):
             self.protected = resumed.name
         if self.settings.save_best and runner.val_dataloader is None:
             runner.info("checkpoint: save_best is set but there is no val_dataloader")
-
-    def _survey(
-        self,
-    ) -> tuple[list[str], dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]], list[str]]:
-        """The kept names and best entries whose files exist in ``out_dir``, and a notice
-        for each name that resolves elsewhere (a symbolic link out of the folder)."""
-        notices: list[str] = []
-
-        def usable(what: str, name: str) -> bool:
-            if not self._inside(name):
-                notices.append(
-                    f"checkpoint: ignoring {what} from the checkpoint: it resolves outside "
-                    f"{self.out_dir}"
-                )
-                return False
-            return (self.out_dir / name).is_file()
-
-        kept = [name for name in self.kept if usable(f"kept entry {name!r}", name)]
-        best = {
-            metric: entry
-            for metric, entry in self.best.items()
-            if usable(f"best entry {metric!r} ({entry['file']!r})", entry["file"])
-        }
-        top = {
-            metric: [
-                e for e in entries if usable(f"top entry {metric!r} ({e['file']!r})", e["file"])
-            ]
-            for metric, entries in self.top.items()
-        }
-        if self.settings.save_best:
-            best = self._best_on_disk(best, notices)
-        return kept, best, top, notices
-
-    def _best_on_disk(
-        self, best: dict[str, dict[str, Any]], notices: list[str]
-    ) -> dict[str, dict[str, Any]]:
-        """``best`` checked against the best files in ``out_dir``: each file says which
-        scores it holds itself (its bookkeeping's entries naming it). Such a score replaces
-        the bookkeeping's claim for that file, and the best of all the files' scores and the
-        claims that cannot be checked (a file that does not load) is the one to beat. Only
-        metrics this run saves are looked at (every one under ``save_best: auto``)."""
-        held: dict[str, dict[str, dict[str, Any]]] = {}  # file -> metric -> its own entry
-        for path in sorted(self.out_dir.glob("best_*.pt")):
-            if plain_name(path.name, BEST) and self._inside(path.name) and path.is_file():
-                held[path.name] = stored_best(path)
-        wanted = self.settings.save_best
-        names = (
-            None if wanted == "auto" else {wanted} if isinstance(wanted, str) else set(wanted or ())
-        )
-        result: dict[str, dict[str, Any]] = {}
-        metrics = set(best) | {m for own in held.values() for m in own}
-        for metric in sorted(metrics):
-            if names is not None and metric not in names and metric not in best:
-                continue
-            candidates = [entry for own in held.values() for m, entry in own.items() if m == metric]
-            claimed = best.get(metric)
-            if claimed is not None and metric not in held.get(claimed["file"], {}):
-                candidates.append(claimed)  # its file does not say: the claim stands
-            if not candidates:
-                continue
-            rule = self._rule(metric, candidates[0]["rule"])
-            top = candidates[0]
-            for entry in candidates[1:]:
-                if better(rule, entry["score"], top["score"]):
-                    top = entry
-            result[metric] = dict(top)
-            if claimed is None or (claimed["file"], claimed["score"]) != (
-                top["file"],
-                top["score"],
-            ):
-                notices.append(
-                    f"checkpoint: {top['file']} holds the best {metric} so far, "
-                    f"{top['score']:.6g}: only a better one replaces it"
-                )
-        return result
-
-    def _rule(self, metric: str, default: Rule) -> Rule:
-        """The rule this run compares ``metric`` by, ``default`` when it cannot tell yet."""
-        if self.settings.rule != "auto":
-            return self.settings.rule
-        return metric_rule(metric) or default
-
-    def _inside(self, name: str) -> bool:
-        """Whether ``name`` resolves to a path directly in ``out_dir``."""
-        folder = self.out_dir.resolve()
-        return (folder / name).resolve().parent == folder
 
     def unused_hooks(self, runner: RunnerProtocol) -> set[str]:
         """Saving by epoch needs no per-iteration hook."""
@@ -589,7 +482,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
             raise CheckpointError(f"cannot write {pointer}: {exc.strerror or exc}") from exc
         for name in delete:
             own = any(plain_name(name, kind) for kind in (ROTATING, BEST, TOP))
-            if not own or not self._inside(name):
+            if not own or not inside(self.out_dir, name):
                 continue  # never reached: the bookkeeping holds only such names
             try:
                 (self.out_dir / name).unlink(missing_ok=True)
@@ -619,69 +512,4 @@ class Checkpoint(Plugin[CheckpointSettings]):
         return rules
 
 
-# -- helpers -----------------------------------------------------------------------------
-
-
 guess_rule = metric_rule  # this module's name for the rule before it moved into hookrun
-
-
-def rank_top(
-    entries: list[dict[str, Any]], k: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The ``k`` best of ``entries`` (best first) and the rest: by score in the direction of
-    their rule, equal scores by iteration, so a tie keeps the earlier checkpoint."""
-
-    def key(entry: dict[str, Any]) -> tuple[float, int]:
-        score = float(entry["score"])
-        return (-score if entry["rule"] == "greater" else score, int(entry["iter"]))
-
-    ranked = sorted(entries, key=key)
-    return ranked[:k], ranked[k:]
-
-
-def plain_name(value: Any, pattern: re.Pattern[str]) -> bool:
-    """Whether ``value`` is a plain file name of the kind ``pattern`` describes: a string
-    without separators, NUL or a drive, not empty, ``.`` or ``..``."""
-    return (
-        isinstance(value, str)
-        and value not in ("", ".", "..")
-        and not any(c in value for c in "/\\\0:")
-        and pattern.fullmatch(value) is not None
-    )
-
-
-def best_entry(entry: Any) -> dict[str, Any] | None:
-    """``entry`` when it has the shape of a best entry (a file name string, a finite or
-    infinite number as score, a rule), else None."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
-        return None
-    score = entry.get("score")
-    if isinstance(score, bool) or not isinstance(score, (int, float)) or math.isnan(score):
-        return None
-    if entry.get("rule") not in ("greater", "less"):
-        return None
-    return entry
-
-
-def stored_best(path: Path) -> dict[str, dict[str, Any]]:
-    """The best entries that the checkpoint ``path`` records for itself (those naming it),
-    read without loading its tensors; nothing when it does not load."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        best = state["plugins"]["checkpoint"]["best"]
-        entries = best.items() if isinstance(best, dict) else ()
-    except Exception:  # not a checkpoint of this plugin: it says nothing
-        return {}
-    return {
-        str(metric): dict(entry)
-        for metric, entry in entries
-        if best_entry(entry) is not None and entry["file"] == path.name
-    }
-
-
-def position_name(state: dict[str, Any], by_epoch: bool) -> str:
-    """``epoch_<N>.pt`` when the state sits at the end of an epoch and saving is by epoch,
-    else ``iter_<N>.pt`` (N completed epochs or iterations, as in ``state["meta"]``)."""
-    if by_epoch and state["loop"]["phase"] != "train":
-        return f"epoch_{state['meta']['epoch']}.pt"
-    return f"iter_{state['meta']['iter']}.pt"
