@@ -7,16 +7,18 @@ files ``max_keep`` lets go are deleted: a crash at any moment leaves ``latest`` 
 complete checkpoint. The bookkeeping (rotating files, best scores) is plugin state, stored in
 every checkpoint, so it survives a resume.
 
-Nothing read from a checkpoint is used as a path: the bookkeeping keeps only plain file names
-of the plugin's own kinds (``epoch_<N>.pt``, ``iter_<N>.pt``, ``emergency_iter_<N>.pt``,
-``best_<metric>.pt``), and a name is only used (checked, rotated, deleted) while it resolves
-to a file directly in ``out_dir``; anything else is dropped with a notice.
+Nothing read from a checkpoint is used as a path (see ``hookrun_checkpoint.ledger``, which
+reads and checks the bookkeeping).
 
 Best files: a new best must beat the score each existing ``best_*.pt`` file of the metric
 actually holds (read from the file at the start of training), so a run resumed from an older
 checkpoint never replaces a better file of an abandoned timeline; a save that fails leaves the
 bookkeeping as it was; and the file the run resumed from is never written: while it is
 ``best_<metric>.pt``, the run's new bests of that metric go to ``best_<metric>.iter_<N>.pt``.
+
+With ``save_top_k``, the k best scores of a metric also keep their own
+``top_<metric>_<value>_iter_<N>.pt`` files. A run that a hook ends with ``stop_training`` saves
+its final state (``save_last``).
 
 Under gradient accumulation an iteration save waits for the end of its accumulation group (a
 file saved inside one would lose the gradients gathered so far), so every periodic file
