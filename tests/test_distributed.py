@@ -150,5 +150,5 @@ def test_timer_and_logger_report_from_rank_0_with_the_slowest_data_time(tmp_path
     assert [line["step"] for line in train] == [6, 12, 18]  # one writer: rank 0's
     # rank 1 waits 30 ms for each batch, rank 0 does not: the report shows rank 1's wait
     assert all(line["train/data_time_max"] >= 0.03 for line in train), train
-    assert all(line["train/data_time"] < 0.03 for line in train), train
+    assert all(line["train/data_time"] < line["train/data_time_max"] for line in train), train
     assert proc.stdout.count("Overall training speed") == 1

@@ -48,6 +48,15 @@ INTERNAL_MODULES = (
 )
 """``hookrun.<name>`` modules a plugin must not import: the runner surface replaces them."""
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The ``timing`` marker: a test asserting wall-clock durations (sleeps, deadlines), which
+    a busy neighbour can break; ``nox -s tests`` runs these alone after the parallel part."""
+    config.addinivalue_line(
+        "markers", "timing: asserts wall-clock durations; run without parallel neighbours"
+    )
+
+
 # -- isolation -------------------------------------------------------------------------------
 
 

@@ -92,6 +92,7 @@ def seconds(hms: str) -> int:
     return 3600 * h + 60 * m + s
 
 
+@pytest.mark.timing
 def test_final_lines_report_speed_and_time_in_hooks(make_runner: Any) -> None:
     slow = SlowHook(0.03)
     runner = make_runner({"warmup": 4}, data=0.01, step=0.01, batches=30, hooks=[slow])
