@@ -14,6 +14,7 @@ import pytest
 
 from hookrun.discovery import installed_plugins
 from hookrun.dispatch import hook_points
+from hookrun.testing import write_toy_task
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits" / "config.yaml"
@@ -48,47 +49,10 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-TOY_TASK = """
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
-def build(n=32, fail_in_forward=False):
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g))
-    model = nn.Linear(4, 2)
-    if fail_in_forward:
-        model.forward = explode
-    return {
-        "model": model,
-        "train_dataloader": DataLoader(data, batch_size=8),
-        "val_dataloader": DataLoader(data, batch_size=8),
-        "test_dataloader": DataLoader(data, batch_size=8),
-        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
-        "criterion": nn.CrossEntropyLoss(),
-        "metrics": {"accuracy": lambda out, y: (out.argmax(1) == y).float().mean()},
-    }
-
-def explode(x):
-    raise ValueError("user code broke here")
-
-def wrong_keys():
-    return {"modle": nn.Linear(1, 1)}
-"""
-
-
 @pytest.fixture
 def toy(tmp_path: Path) -> Path:
     """A tiny config (only the checkpoint plugin) and its task file."""
-    write(tmp_path / "toytask.py", TOY_TASK)
-    return write(
-        tmp_path / "toy.yaml",
-        """
-        task: toytask.py:build
-        runner: {max_epochs: 2, device: cpu, writers: [jsonl]}
-        plugins: {checkpoint: true, logger: false, timer: false}
-        """,
-    )
+    return write_toy_task(tmp_path)
 
 
 # -- plugins -----------------------------------------------------------------------------
