@@ -15,9 +15,12 @@ from pydantic import ValidationError
 
 from hookrun import hookspecs
 from hookrun.discovery import (
+    PLUGIN_GROUP,
     EntryPointInfo,
     autoload_enabled,
     blocked_plugins,
+    clash_message,
+    clashes,
     did_you_mean,
     installed_plugins,
     unknown_plugin_message,
@@ -99,6 +102,7 @@ class PluginManager:
                 )
         blocked = blocked_plugins()
         autoload = autoload_enabled()
+        clashing = clashes(PLUGIN_GROUP)
         selected: list[tuple[str, Plugin]] = []
         for name, info in self.installed.items():
             value = config.get(name)
@@ -108,6 +112,11 @@ class PluginManager:
                     self.notices.append(f"plugin {name!r} is blocked by HOOKRUN_DISABLE_PLUGINS")
                 continue
             if value is False or (not asked and not autoload):
+                continue
+            if name in clashing:  # which one would run is an accident of the install order
+                errors.append(
+                    f"{self.where}.{name}: {clash_message('plugin', name, clashing[name])}"
+                )
                 continue
             cls = self._load(name, info, asked, errors)
             if cls is None or (not asked and not cls.enabled_by_default):
@@ -158,6 +167,15 @@ class PluginManager:
             parsed = cls.Settings.model_validate(settings)
         except ValidationError as exc:
             errors.extend(validation_lines(exc, f"{self.where}.{name}", cls.Settings.model_fields))
+            return None
+        too_large = [
+            f"{self.where}.{name}.{key}: {value} is beyond the 64-bit integers torch and "
+            f"Python's C code take (at most {2**63 - 1})"
+            for key, value in parsed.model_dump().items()
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**63 - 1
+        ]
+        if too_large:
+            errors.extend(too_large)
             return None
         instance = cls(parsed)
         instance.priority = priority
