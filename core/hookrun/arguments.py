@@ -172,6 +172,15 @@ class RunnerArguments(BaseModel):
             return os.fspath(value)
         return str(value) if type(value).__module__ == "torch" else value
 
+    @field_validator("work_dir")
+    @classmethod
+    def _a_path(cls, value: str) -> str:
+        if "\0" in value:
+            raise ValueError("a path cannot hold a NUL byte")
+        if not value.strip():
+            raise ValueError("give a folder")
+        return value
+
     @field_validator("max_iters")
     @classmethod
     def _epochs_or_iters(cls, value: int | None, info: ValidationInfo) -> int | None:

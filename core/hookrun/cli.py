@@ -10,9 +10,10 @@ entry-point metadata (no torch, pydantic, pluggy or plugin import). Under torchr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,42 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 # -- the command group ---------------------------------------------------------------------
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+EPILOG = """\b
+Example:
+  hookrun config validate examples/digits/config.yaml
+  hookrun schedule examples/digits/config.yaml
+  hookrun train examples/digits/config.yaml --work-dir runs/digits
+  hookrun train examples/digits/config.yaml --work-dir runs/digits --resume auto
+
+Exit codes: 0 success, 1 training failed, 2 a mistake in what was given.
+Docs: https://github.com/hookrun/hookrun/tree/main/docs (cli.md, config.md)
+"""
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EPILOG,
+)
 @click.version_option(package_name="hookrun", prog_name="hookrun")
 def cli() -> None:
     """hookrun: train PyTorch models from a YAML config with installable plugins."""
+
+
+class _Group(click.Group):
+    """Lists each command with its whole first line, not click's 45-character cut."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [
+            (name, (cmd.help or "").strip().split("\n")[0])
+            for name in self.list_commands(ctx)
+            if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+cli.__class__ = _Group
 
 
 config_argument = click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
@@ -98,10 +131,17 @@ def train(
     if resume not in (None, "auto") and not Path(resume).is_file():
         raise HookrunError(f"--resume: checkpoint not found: {resume}")
     out = loaded.work_dir
+    _notice(
+        f"building task {loaded.data['task']} ..."
+    )  # importing torch and the task takes a while
     # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
-    with workdir.hold(out, enabled=_rank() == 0, notice=_notice):
+    with _created_for(out), workdir.hold(out, enabled=_rank() == 0, notice=_notice):
         leftovers = launch.check_fresh_work_dir(loaded) if resume is None else None
         runner = launch.build_runner(loaded)
+        if resume not in (None, "auto"):
+            from hookrun.state import check_fit
+
+            check_fit(runner, Path(resume), resume=True)  # before anything is written
         finished = workdir.finished_position(runner) if resume == "auto" else None
         if finished is not None:
             last = runner.max_iters
@@ -119,55 +159,110 @@ def train(
             _print_hook_table(runner)
         runner.train(resume=resume)
         test = runner.test() if runner.test_dataloader is not None else None
-        _print_summary(runner, runner.last_metrics.get("val"), test)
+        _print_summary(runner, loaded, runner.last_metrics.get("val"), test)
         if runner.is_main:
             workdir.mark_finished(runner)  # what `--resume auto` checks
+
+
+@contextlib.contextmanager
+def _created_for(work_dir: Path) -> Iterator[None]:
+    """A command refused with a user's mistake leaves no trace: the work dir (and parents)
+    it created, holding nothing but the lock file, are removed again."""
+    from hookrun.workdir import LOCK_NAME
+
+    missing = []
+    folder = work_dir.absolute()
+    while not folder.exists() and folder.parent != folder:
+        missing.append(folder)
+        folder = folder.parent
+    try:
+        yield
+    except HookrunError:
+        if missing and _rank() == 0:
+            with contextlib.suppress(OSError):
+                (missing[0] / LOCK_NAME).unlink(missing_ok=True)
+                for created in missing:
+                    created.rmdir()  # refuses a folder that holds anything else
+        raise
 
 
 def _notice(message: str) -> None:
     echo(f"[hookrun] {message}")
 
 
+checkpoint_option = click.option(
+    "--checkpoint",
+    metavar="PATH",
+    help="Checkpoint file to evaluate (default: the run's latest checkpoint in the work dir).",
+)
+
+
 @cli.command(name="val")
 @config_argument
-@click.option("--checkpoint", required=True, metavar="PATH", help="Checkpoint file to evaluate.")
+@checkpoint_option
 @set_option
 @work_dir_option
 def val_command(
-    config: Path, checkpoint: str, overrides: Sequence[str], work_dir: Path | None
+    config: Path, checkpoint: str | None, overrides: Sequence[str], work_dir: Path | None
 ) -> None:
-    """Evaluate a checkpoint on the task's val_dataloader."""
+    """Evaluate a checkpoint (default: the run's latest) on the task's val_dataloader."""
     _evaluate(config, checkpoint, overrides, work_dir, "val")
 
 
 @cli.command(name="test")
 @config_argument
-@click.option("--checkpoint", required=True, metavar="PATH", help="Checkpoint file to evaluate.")
+@checkpoint_option
 @set_option
 @work_dir_option
 def test_command(
-    config: Path, checkpoint: str, overrides: Sequence[str], work_dir: Path | None
+    config: Path, checkpoint: str | None, overrides: Sequence[str], work_dir: Path | None
 ) -> None:
-    """Evaluate a checkpoint on the task's test_dataloader."""
+    """Evaluate a checkpoint (default: the run's latest) on the task's test_dataloader."""
     _evaluate(config, checkpoint, overrides, work_dir, "test")
 
 
 def _evaluate(
-    config: Path, checkpoint: str, overrides: Sequence[str], work_dir: Path | None, mode: str
+    config: Path, checkpoint: str | None, overrides: Sequence[str], work_dir: Path | None, mode: str
 ) -> None:
     from hookrun import config as cfg
+    from hookrun import workdir
     from hookrun.launch import build_runner
+    from hookrun.state import check_fit
 
     loaded = cfg.load(config, overrides, work_dir)
-    if not Path(checkpoint).is_file():
+    if checkpoint is not None and not Path(checkpoint).is_file():
         raise HookrunError(f"--checkpoint: file not found: {checkpoint}")
-    runner = build_runner(loaded)
-    if getattr(runner, f"{mode}_dataloader") is None:
-        raise HookrunError(f"task: {loaded.data['task']} returned no {mode}_dataloader")
-    # resume=True restores plugin state too (an EMA evaluates with its averaged weights)
-    runner.load_checkpoint(checkpoint, resume=True)
-    metrics = runner.val() if mode == "val" else runner.test()
-    _print_summary(runner, metrics if mode == "val" else None, metrics if mode == "test" else None)
+    out = loaded.work_dir
+    _notice(f"building task {loaded.data['task']} ...")
+    # the work dir's lock, as train takes it: evaluation appends to the run's logs
+    hint = "wait for the run to finish, or evaluate into another --work-dir"
+    with _created_for(out), workdir.hold(out, enabled=_rank() == 0, hint=hint, notice=_notice):
+        runner = build_runner(loaded, training=False)
+        if getattr(runner, f"{mode}_dataloader") is None:
+            raise HookrunError(f"task: {loaded.data['task']} returned no {mode}_dataloader")
+        path = Path(checkpoint) if checkpoint is not None else _latest(runner)
+        check_fit(runner, path, resume=True)  # before the writers add to the work dir
+        # resume=True restores plugin state too (an EMA evaluates with its averaged weights)
+        runner.load_checkpoint(path, resume=True)
+        _notice(f"evaluating {path}")
+        metrics = runner.val() if mode == "val" else runner.test()
+    val, test = (metrics, None) if mode == "val" else (None, metrics)
+    _print_summary(runner, loaded, val, test)
+
+
+def _latest(runner: Any) -> Path:
+    """The checkpoint ``--resume auto`` would take first: the ``latest`` pointer's file, else
+    the newest in the run's checkpoint folder."""
+    from hookrun import checkpoint as ckpt_io
+    from hookrun.workdir import checkpoint_dir
+
+    folder = checkpoint_dir(runner)
+    found = ckpt_io.candidates(folder)
+    if not found:
+        raise HookrunError(
+            f"--checkpoint: none given and {folder} holds no checkpoint; give --checkpoint PATH"
+        )
+    return found[0]
 
 
 def _print_hook_table(runner: Any) -> None:
@@ -176,7 +271,7 @@ def _print_hook_table(runner: Any) -> None:
 
 
 def _print_summary(
-    runner: Any, val: dict[str, float] | None, test: dict[str, float] | None
+    runner: Any, loaded: Any, val: dict[str, float] | None, test: dict[str, float] | None
 ) -> None:
     if not runner.is_main:
         return
@@ -193,16 +288,27 @@ def _print_summary(
     if columns:
         console.print(table)
     work_dir = runner.work_dir
-    console.print(f"run folder:   {work_dir}", markup=False, soft_wrap=True)
-    console.print(f"JSONL log:    {work_dir / 'log.jsonl'}", markup=False, soft_wrap=True)
+    lines = [("run folder", str(work_dir))]
+    ran = _writer_names(loaded.runner["writers"])
+    if "jsonl" in ran:
+        lines.append(("JSONL log", str(work_dir / "log.jsonl")))
     saved = sorted(p.name for p in Path(runner.checkpoint_dir).glob("*.pt"))
-    listing = f" ({', '.join(saved)})" if saved else ""
-    console.print(f"checkpoints:  {runner.checkpoint_dir}{listing}", markup=False, soft_wrap=True)
-    console.print(
-        f"TensorBoard:  tensorboard --logdir {work_dir / 'tensorboard'}",
-        markup=False,
-        soft_wrap=True,
-    )
+    if saved:
+        lines.append(("checkpoints", f"{runner.checkpoint_dir} ({', '.join(saved)})"))
+    if "tensorboard" in ran:
+        lines.append(("TensorBoard", f"tensorboard --logdir {work_dir / 'tensorboard'}"))
+    others = [name for name in ran if name not in ("jsonl", "tensorboard")]
+    if others:
+        lines.append(("writers", ", ".join(others)))
+    for label, text in lines:
+        console.print(f"{label + ':':<13} {text}", markup=False, soft_wrap=True)
+
+
+def _writer_names(spec: Any) -> list[str]:
+    """The writers a validated ``runner.writers`` spec turns on."""
+    if isinstance(spec, dict):
+        return [str(name) for name, options in spec.items() if options is not False]
+    return [str(name) for name in spec or ()]
 
 
 def _json(data: Any) -> str:
@@ -228,10 +334,18 @@ def plugins() -> None:
 )
 def plugins_list(as_json: bool, load: bool) -> None:
     """List installed plugins; fast, from package metadata only unless --load is given."""
-    from hookrun.discovery import blocked_plugins, installed_plugins
+    from hookrun.discovery import (
+        PLUGIN_GROUP,
+        blocked_plugins,
+        clash_message,
+        clashes,
+        installed_plugins,
+    )
 
     found = installed_plugins()
     blocked = blocked_plugins()
+    for name, infos in clashes(PLUGIN_GROUP).items():
+        echo(f"warning: {clash_message('plugin', name, infos)}", err=True)
     rows: list[dict[str, Any]] = [info.as_row() for info in found.values()]
     if load:
         from hookrun.inspection import describe_plugin
@@ -383,6 +497,45 @@ def config_validate(config: Path, overrides: Sequence[str]) -> None:
     loaded = cfg.load(config, overrides)
     named = [name for name, value in loaded.data["plugins"].items() if value is not False]
     echo(f"{config}: valid (task {loaded.data['task']}; plugins named: {', '.join(named) or '-'})")
+
+
+@cli.command()
+@config_argument
+@set_option
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="PNG",
+    help="Also draw the schedule into this PNG file (needs the plot extra: matplotlib).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Every iteration as JSON.")
+def schedule(config: Path, overrides: Sequence[str], plot: Path | None, as_json: bool) -> None:
+    """The learning rate (and momentum) over the whole run of CONFIG, without training."""
+    from hookrun import config as cfg
+    from hookrun import lr_schedule
+
+    loaded = cfg.load(config, overrides)
+    if plot is not None:
+        lr_schedule.check_plot_extra()
+    _notice(f"building task {loaded.data['task']} ...")
+    steps = lr_schedule.compute(loaded)
+    if as_json:
+        echo(
+            _json(
+                [
+                    {"iter": s.iter, "epoch": s.epoch, "lr": s.lrs, "momentum": s.momenta}
+                    for s in steps
+                ]
+            )
+        )
+    else:
+        header = ["iter", "epoch", "lr"] + (["momentum"] if any(s.momenta for s in steps) else [])
+        echo(_table(lr_schedule.table_rows(steps), header))
+        interval = loaded.runner["scheduler_interval"]
+        echo(f"{len(steps)} iterations; the schedule steps per {interval}")
+    if plot is not None:
+        lr_schedule.plot(steps, plot, f"{config} ({len(steps)} iterations)")
+        echo(f"wrote {plot}")
 
 
 @config_group.command(name="schema")
