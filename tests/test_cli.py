@@ -307,7 +307,9 @@ def test_train_test_and_resume_exit_codes(toy, tmp_path):
     first = run("train", toy, "--work-dir", work)
     assert first.returncode == 0, first.stderr
     assert "final metrics" in first.stdout
-    assert f"tensorboard --logdir {work / 'tensorboard'}" in first.stdout
+    assert first.stdout.startswith("[hookrun] building task toytask.py:build ...\n")
+    assert f"JSONL log:    {work / 'log.jsonl'}" in first.stdout
+    assert "tensorboard" not in first.stdout  # only the writers that ran ([jsonl]) are listed
     saved = (work / "config.yaml").read_text()
     assert f"work_dir: {work.resolve()}" in saved and "toytask.py:build" in saved
     checkpoint = work / "checkpoints" / "epoch_2.pt"
@@ -339,6 +341,16 @@ def test_train_test_and_resume_exit_codes(toy, tmp_path):
     assert "accuracy" in evaluated.stdout
     missing = run("test", toy, "--checkpoint", work / "nope.pt")
     assert missing.returncode == 2 and "--checkpoint: file not found" in missing.stderr
+    latest = run("test", toy, "--work-dir", work)  # no --checkpoint: the run's latest
+    assert latest.returncode == 0, latest.stderr
+    assert f"[hookrun] evaluating {work / 'checkpoints' / 'epoch_3.pt'}" in latest.stdout
+    none = run("val", toy, "--work-dir", tmp_path / "empty")
+    assert (none.returncode, none.stderr) == (
+        2,
+        f"--checkpoint: none given and {tmp_path / 'empty' / 'checkpoints'} holds no "
+        "checkpoint; give --checkpoint PATH\n",
+    )
+    assert not (tmp_path / "empty").exists()
 
 
 def test_failure_in_user_code_exits_1_with_its_traceback(toy, tmp_path):

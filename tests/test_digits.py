@@ -24,8 +24,6 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         work,
         "--set",
         f"runner.max_epochs={EPOCHS}",
-        "--set",
-        f"task_args.epochs={EPOCHS}",
     )
     assert result.returncode == 0, result.stderr
     return work, result.stdout

@@ -111,10 +111,22 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_blocks_no
             )
             for extra in ([], ["--resume", "auto"])
         ]
+        evaluation = subprocess.Popen(  # val and test take the lock too: they append logs
+            command("val", toy, "--work-dir", work),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(),
+        )
         for second in seconds:
             out, err = second.communicate(timeout=120)
             assert second.returncode == 2, err
             assert err.strip() == expected and out == ""
+        out, err = evaluation.communicate(timeout=120)
+        assert (evaluation.returncode, out) == (2, "")
+        assert err.strip() == expected.replace(
+            "or use another --work-dir", "the run to finish, or evaluate into another --work-dir"
+        )
         assert snapshot(work) == before  # no config.yaml rewritten, no log line
 
         # the Python API is refused the same way, before its writers open

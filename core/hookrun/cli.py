@@ -131,12 +131,10 @@ def train(
     if resume not in (None, "auto") and not Path(resume).is_file():
         raise HookrunError(f"--resume: checkpoint not found: {resume}")
     out = loaded.work_dir
-    _notice(
-        f"building task {loaded.data['task']} ..."
-    )  # importing torch and the task takes a while
     # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
     with _created_for(out), workdir.hold(out, enabled=_rank() == 0, notice=_notice):
         leftovers = launch.check_fresh_work_dir(loaded) if resume is None else None
+        _notice(f"building task {loaded.data['task']} ...")  # importing torch takes seconds
         runner = launch.build_runner(loaded)
         if resume not in (None, "auto"):
             from hookrun.state import check_fit
@@ -233,10 +231,10 @@ def _evaluate(
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise HookrunError(f"--checkpoint: file not found: {checkpoint}")
     out = loaded.work_dir
-    _notice(f"building task {loaded.data['task']} ...")
     # the work dir's lock, as train takes it: evaluation appends to the run's logs
     hint = "wait for the run to finish, or evaluate into another --work-dir"
     with _created_for(out), workdir.hold(out, enabled=_rank() == 0, hint=hint, notice=_notice):
+        _notice(f"building task {loaded.data['task']} ...")
         runner = build_runner(loaded, training=False)
         if getattr(runner, f"{mode}_dataloader") is None:
             raise HookrunError(f"task: {loaded.data['task']} returned no {mode}_dataloader")
@@ -517,7 +515,8 @@ def schedule(config: Path, overrides: Sequence[str], plot: Path | None, as_json:
     loaded = cfg.load(config, overrides)
     if plot is not None:
         lr_schedule.check_plot_extra()
-    _notice(f"building task {loaded.data['task']} ...")
+    if not as_json:  # machine-readable output holds nothing else
+        _notice(f"building task {loaded.data['task']} ...")
     steps = lr_schedule.compute(loaded)
     if as_json:
         echo(
