@@ -255,14 +255,16 @@ def test_a_named_checkpoint_that_does_not_fit_is_one_line_and_exit_2(tmp_path, c
         f"checkpoint {wide_pt} does not fit this run: model: 2 size mismatches, first: "
         "weight [3,4] (checkpoint) vs [2,4] (model)\n"
     )
-    assert results["val"] == (2, "", mismatch)
-    assert results["train"] == (2, "", mismatch)
-    assert results["test"][:2] == (2, "")
+    building = "[hookrun] building task toytask.py:build ...\n"
+    assert results["val"] == (2, building, mismatch)
+    assert results["train"] == (2, building, mismatch)
+    assert results["test"][:2] == (2, building)
     assert results["test"][2].startswith(
         f"cannot load checkpoint {evil}: not a hookrun checkpoint (weights_only load refused: "
     )
     assert results["test"][2].count("\n") == 1
-    assert not (tmp_path / "v").exists() and not (tmp_path / "t").exists()  # nothing created
+    # nothing created: no folder, lock file, config.yaml or log
+    assert not any((tmp_path / name).exists() for name in ("v", "t", "r"))
     assert not (tmp_path / "PWNED").exists()
 
 

@@ -18,7 +18,7 @@ import yaml
 
 from hookrun import config as cfg
 from hookrun.errors import ConfigError
-from hookrun.testing import TOY_TASK_SOURCE, isolated_env, write_toy_task
+from hookrun.testing import isolated_env, run_cli, write_toy_task
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits" / "config.yaml"
@@ -182,7 +182,7 @@ def test_optimizer_and_scheduler_sections_are_checked_before_any_model(toy):
 # -- through the real command line: exit 2, one line, nothing on disk ----------------------
 
 
-def test_mistakes_only_the_task_shows_are_one_line_and_leave_nothing(toy, tmp_path):
+def test_mistakes_only_the_task_shows_are_one_line_and_leave_nothing(toy, tmp_path, capsys):
     work = tmp_path / "runs" / "new"
     cases = {
         "task=toytask.py:a_string_model": [
@@ -198,38 +198,24 @@ def test_mistakes_only_the_task_shows_are_one_line_and_leave_nothing(toy, tmp_pa
         ],
     }
     for override, lines in cases.items():
-        result = hookrun("train", toy, "--work-dir", work, "--set", override)
-        assert (result.returncode, result.stderr.splitlines()) == (2, lines)
-        assert "Traceback" not in result.stdout + result.stderr
+        code, _, err = run_cli(capsys, "train", toy, "--work-dir", work, "--set", override)
+        assert (code, err.splitlines()) == (2, lines)
         assert not (tmp_path / "runs").exists()  # not even the lock file's folder
 
 
-def test_a_resume_file_that_does_not_fit_and_a_file_work_dir_create_nothing(toy, tmp_path):
-    wide = tmp_path / "wide"
-    (wide / "cfg").mkdir(parents=True)
-    (wide / "cfg" / "toytask.py").write_text(TOY_TASK_SOURCE)
-    trained = hookrun("train", toy, "--work-dir", wide / "run", "--set", "task_args.width=3")
-    assert trained.returncode == 0, trained.stderr
-    checkpoint = wide / "run" / "checkpoints" / "epoch_2.pt"
-    work = tmp_path / "fresh"
-    result = hookrun("train", toy, "--work-dir", work, "--resume", checkpoint)
-    assert result.returncode == 2
-    assert result.stderr == (
-        f"checkpoint {checkpoint} does not fit this run: model: 2 size mismatches, first: "
-        "weight [3,4] (checkpoint) vs [2,4] (model)\n"
-    )
-    assert not work.exists()  # no config.yaml, no log, no lock file
+def test_a_work_dir_that_is_a_file_is_refused_before_anything(toy, tmp_path, capsys):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     data = yaml.safe_load(toy.read_text())
     data["runner"]["work_dir"] = str(a_file)
     config = toy.parent / "file_work_dir.yaml"
     config.write_text(yaml.safe_dump(data))
-    refused = hookrun("train", config, "--resume", "auto")
-    assert (refused.returncode, refused.stderr) == (
-        2,
-        f"runner.work_dir: {a_file} exists and is not a folder\n",
-    )
+    for extra in ([], ["--resume", "auto"]):
+        assert run_cli(capsys, "train", config, *extra) == (
+            2,
+            "",
+            f"runner.work_dir: {a_file} exists and is not a folder\n",
+        )
     assert a_file.read_text() == "x"
 
 
@@ -302,7 +288,9 @@ def mutate(data: dict[str, Any], rng: random.Random, a_file: Path) -> dict[str, 
     return data
 
 
-def test_a_seeded_fuzz_of_the_example_config_ends_in_lines_or_a_valid_config(tmp_path):
+def test_a_seeded_fuzz_of_the_example_config_ends_in_lines_or_a_valid_config(
+    tmp_path, capsys, monkeypatch
+):
     base = yaml.safe_load(DIGITS.read_text())
     base["task"] = f"{DIGITS.parent / 'task.py'}:build"
     base["runner"]["work_dir"] = str(tmp_path / "runs" / "digits")
@@ -311,28 +299,28 @@ def test_a_seeded_fuzz_of_the_example_config_ends_in_lines_or_a_valid_config(tmp
     rng = random.Random(16)
     invalid: list[tuple[Path, list[str]]] = []
     valid: list[Path] = []
-    for i in range(300):
+    for i in range(200):
         path = tmp_path / f"mutant_{i}.yaml"
-        path.write_text(yaml.safe_dump(mutate(base, rng, a_file), allow_unicode=True))
+        mutant = mutate(base, rng, a_file)
+        path.write_text(yaml.safe_dump(mutant, allow_unicode=True))
         lines = errors_of(path)  # anything but a ConfigError fails the test here
-        for line in lines:
-            head = line.split(":", 1)[0].split(".")[0]
-            assert head in TOP_KEYS or head == str(path), line
+        for line in lines:  # each starts with the dotted path of the mistake
+            head = line.split(": ", 1)[0].split(".")[0]
+            assert head in TOP_KEYS or head in mutant, line
             assert "\n" not in line and "Traceback" not in line
         (invalid.append((path, lines)) if lines else valid.append(path))
-    assert len(invalid) > 200 and len(valid) > 10  # the mutations hit both ways
+    assert len(invalid) > 120 and len(valid) > 10  # the mutations hit both ways
     assert not (tmp_path / "runs").exists()
 
     # a sample through `hookrun train`: the same lines, exit 2, nothing created
     cwd = tmp_path / "cwd"  # where a mutated relative work dir goes
     cwd.mkdir()
-    for path, lines in rng.sample(invalid, 3):
-        result = hookrun("train", path, cwd=cwd)
-        assert (result.returncode, result.stderr.splitlines()) == (2, lines), path.read_text()
-        assert result.stdout == ""
+    monkeypatch.chdir(cwd)
+    for path, lines in rng.sample(invalid, 4):
+        assert run_cli(capsys, "train", path) == (2, "", "".join(f"{x}\n" for x in lines))
     assert not (tmp_path / "runs").exists() and not any(cwd.iterdir())
     # a valid mutant trains for a tiny budget
     path = rng.choice(valid)
-    budget = ("--set", "runner.max_epochs=null", "--set", "runner.max_iters=2")
-    result = hookrun("train", path, *budget, "--set", "runner.val_interval=2", cwd=cwd)
+    budget = ("--set", "runner.max_epochs=null", "--set", "runner.max_iters=22")  # > warm-up
+    result = hookrun("train", path, *budget, "--set", "runner.val_interval=22", cwd=cwd)
     assert result.returncode == 0, (path.read_text(), result.stderr)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from hookrun import config as cfg
 from hookrun.errors import ConfigError
 from hookrun.lr_schedule import compute
 from hookrun.optimizers import build_optimizer, build_scheduler, run_length
-from hookrun.testing import isolated_env, write_toy_task
+from hookrun.testing import run_cli, write_toy_task
 
 pytestmark = pytest.mark.usefixtures("hookrun_isolated")
 
@@ -32,17 +31,6 @@ scheduler:
   interval: iter
 plugins: {checkpoint: false, logger: false, timer: false}
 """
-
-
-def hookrun(*args: object, code: str = "") -> subprocess.CompletedProcess[str]:
-    prefix = ["-c", code] if code else ["-m", "hookrun"]
-    return subprocess.run(
-        [sys.executable, *prefix, *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=isolated_env(),
-        timeout=300,
-    )
 
 
 class Net(nn.Module):
@@ -113,18 +101,18 @@ def test_warmup_then_cosine_follows_the_formulas_with_auto_length():
         build_scheduler(optimizer, {**section, "warmup": {"iters": 16}}, length, "iter")
 
 
-def test_schedule_command_matches_the_lrs_the_run_logs(tmp_path):
+def test_schedule_command_matches_the_lrs_the_run_logs(tmp_path, capsys):
     config = write_toy_task(tmp_path, SCHEDULED)
-    shown = hookrun("schedule", config, "--json")
-    assert shown.returncode == 0, shown.stderr
-    planned = json.loads(shown.stdout)
-    table = hookrun("schedule", config)
-    assert "12 iterations; the schedule steps per iter" in table.stdout
-    assert table.stdout.splitlines()[1].split() == ["iter", "epoch", "lr", "momentum"]
+    code, out, err = run_cli(capsys, "schedule", config, "--json")
+    assert code == 0, err
+    planned = json.loads(out)
+    code, out, _ = run_cli(capsys, "schedule", config)
+    assert "12 iterations; the schedule steps per iter" in out
+    assert out.splitlines()[1].split() == ["iter", "epoch", "lr", "momentum"]
 
     work = tmp_path / "run"
-    trained = hookrun("train", config, "--work-dir", work)
-    assert trained.returncode == 0, trained.stderr
+    code, trained, err = run_cli(capsys, "train", config, "--work-dir", work)
+    assert code == 0, err
     records = [json.loads(line) for line in (work / "log.jsonl").read_text().splitlines()]
     logged = {r["step"]: r["train/lr"] for r in records if "train/lr" in r}
     assert sorted(logged) == list(range(1, 13))  # 3 epochs x 4 batches, every iteration
@@ -133,7 +121,7 @@ def test_schedule_command_matches_the_lrs_the_run_logs(tmp_path):
     assert planned[0]["lr"] == [pytest.approx(0.01)] * 2  # warm-up from 0.1 x 0.1, 2 groups
     assert {m for p in planned for m in p["momentum"]} == {0.9}
     # "TensorBoard:" is not printed: only the writers that ran are listed
-    assert "JSONL log:" in trained.stdout and "TensorBoard" not in trained.stdout
+    assert "JSONL log:" in trained and "TensorBoard" not in trained
 
 
 def test_schedule_of_the_digits_example_fills_auto_from_the_run(tmp_path):
@@ -146,17 +134,19 @@ def test_schedule_of_the_digits_example_fills_auto_from_the_run(tmp_path):
     assert lrs[-1] < 1e-6  # the cosine ends near zero at the run's last iteration
 
 
-def test_plot_writes_a_png_or_names_the_missing_extra(tmp_path):
+def test_plot_writes_a_png_or_names_the_missing_extra(tmp_path, capsys, monkeypatch):
     config = write_toy_task(tmp_path, SCHEDULED)
     png = tmp_path / "lr.png"
-    blocked = "import sys; sys.modules['matplotlib'] = None; from hookrun.cli import main; main()"
-    missing = hookrun("schedule", config, "--plot", png, code=blocked)
-    assert (missing.returncode, missing.stdout) == (2, "")
-    assert missing.stderr == (
-        "--plot: needs matplotlib, which is not installed; install the extra: "
-        "pip install 'hookrun[plot]'\n"
-    )
+    with monkeypatch.context() as blocked:
+        blocked.setitem(sys.modules, "matplotlib", None)  # Python's "not installed"
+        assert run_cli(capsys, "schedule", config, "--plot", png) == (
+            2,
+            "",
+            "--plot: needs matplotlib, which is not installed; install the extra: "
+            "pip install 'hookrun[plot]'\n",
+        )
     pytest.importorskip("matplotlib")
-    drawn = hookrun("schedule", config, "--plot", png)
-    assert drawn.returncode == 0, drawn.stderr
+    code, out, err = run_cli(capsys, "schedule", config, "--plot", png)
+    assert code == 0, err
+    assert out.splitlines()[-1] == f"wrote {png}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000

@@ -36,19 +36,22 @@ class EntryPointInfo:
 
 def installed(group: str) -> dict[str, EntryPointInfo]:
     """Entry points of ``group`` by name, sorted; the first distribution wins a name clash
-    (:func:`clashes` names them)."""
-    found: dict[str, EntryPointInfo] = {}
-    for info in _scan(group):
-        found.setdefault(info.name, info)
-    return found
+    (:func:`scan` names them)."""
+    return scan(group)[0]
 
 
 def clashes(group: str) -> dict[str, list[EntryPointInfo]]:
     """Names of ``group`` that two or more distributions register, with each of them."""
+    return scan(group)[1]
+
+
+def scan(group: str) -> tuple[dict[str, EntryPointInfo], dict[str, list[EntryPointInfo]]]:
+    """One pass over the entry points of ``group``: :func:`installed` and :func:`clashes`."""
     by_name: dict[str, list[EntryPointInfo]] = {}
     for info in _scan(group):
         by_name.setdefault(info.name, []).append(info)
-    return {name: infos for name, infos in by_name.items() if len(infos) > 1}
+    found = {name: infos[0] for name, infos in by_name.items()}
+    return found, {name: infos for name, infos in by_name.items() if len(infos) > 1}
 
 
 def clash_message(kind: str, name: str, infos: list[EntryPointInfo]) -> str:

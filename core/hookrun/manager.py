@@ -20,9 +20,8 @@ from hookrun.discovery import (
     autoload_enabled,
     blocked_plugins,
     clash_message,
-    clashes,
     did_you_mean,
-    installed_plugins,
+    scan,
     unknown_plugin_message,
 )
 from hookrun.dispatch import (
@@ -51,7 +50,8 @@ class PluginManager:
         self.pm = pluggy.PluginManager("hookrun")
         self.pm.add_hookspecs(hookspecs)
         self.where = where
-        self.installed: dict[str, EntryPointInfo] = installed_plugins()
+        self.installed: dict[str, EntryPointInfo]
+        self.installed, self.clashes = scan(PLUGIN_GROUP)
         self.load_errors: dict[str, str] = {}
         self.notices: list[str] = []
         self.stats = HookStats()
@@ -102,7 +102,7 @@ class PluginManager:
                 )
         blocked = blocked_plugins()
         autoload = autoload_enabled()
-        clashing = clashes(PLUGIN_GROUP)
+        clashing = self.clashes
         selected: list[tuple[str, Plugin]] = []
         for name, info in self.installed.items():
             value = config.get(name)

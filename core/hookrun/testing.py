@@ -297,6 +297,19 @@ def write_toy_task(folder: str | Path, config: str = "", name: str = "toy.yaml")
     return path
 
 
+def run_cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
+    """``hookrun ARGS`` in this process (no interpreter start, torch already imported): the
+    exit code, stdout and stderr, as a subprocess would give them."""
+    from hookrun.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    code = exited.value.code
+    return (code if isinstance(code, int) else 0 if code is None else 1), out, err
+
+
 # -- comparing states ------------------------------------------------------------------------
 
 
