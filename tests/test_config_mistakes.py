@@ -203,6 +203,24 @@ def test_mistakes_only_the_task_shows_are_one_line_and_leave_nothing(toy, tmp_pa
         assert not (tmp_path / "runs").exists()  # not even the lock file's folder
 
 
+def test_a_truncated_checkpoint_is_one_line_and_leaves_nothing(toy, tmp_path, capsys):
+    work = tmp_path / "run"
+    assert run_cli(capsys, "train", toy, "--work-dir", work)[0] == 0
+    whole = (work / "checkpoints" / "epoch_2.pt").read_bytes()
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(whole[: len(whole) // 2])
+    for command in ("val", "test"):
+        code, out, err = run_cli(
+            capsys, command, toy, "--checkpoint", cut, "--work-dir", tmp_path / command
+        )
+        assert (code, err) == (
+            2,
+            f"cannot load checkpoint {cut}: damaged, or not a torch.save file (reading it "
+            "failed: Invalid argument)\n",
+        )
+        assert not (tmp_path / command).exists()
+
+
 def test_a_work_dir_that_is_a_file_is_refused_before_anything(toy, tmp_path, capsys):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
