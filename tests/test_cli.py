@@ -14,7 +14,7 @@ import pytest
 
 from hookrun.discovery import installed_plugins
 from hookrun.dispatch import hook_points
-from hookrun.testing import write_toy_task
+from hookrun.testing import run_cli, write_toy_task
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits" / "config.yaml"
@@ -373,3 +373,18 @@ def test_task_returning_wrong_keys_is_a_config_error(toy, tmp_path):
     assert result.returncode == 2
     assert "returned unknown key 'modle' (did you mean 'model'?)" in result.stderr
     assert "returned no 'model'" in result.stderr
+
+
+def test_help_shows_whole_summaries_an_example_and_the_docs(capsys):
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0
+    commands = out[out.index("Commands:") : out.index("Example:")]
+    text = " ".join(commands.split())
+    for line in (
+        "val Evaluate a checkpoint (default: the run's latest) on the task's val_dataloader.",
+        "schedule The learning rate (and momentum) over the whole run of CONFIG, without training.",
+    ):
+        assert line in text
+    assert "..." not in commands  # no summary is cut
+    assert "hookrun train examples/digits/config.yaml --work-dir runs/digits" in out
+    assert "Docs: https://github.com/hookrun/hookrun/tree/main/docs" in out

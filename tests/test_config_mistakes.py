@@ -342,3 +342,51 @@ def test_a_seeded_fuzz_of_the_example_config_ends_in_lines_or_a_valid_config(
     budget = ("--set", "runner.max_epochs=null", "--set", "runner.max_iters=22")  # > warm-up
     result = hookrun("train", path, *budget, "--set", "runner.val_interval=22", cwd=cwd)
     assert result.returncode == 0, (path.read_text(), result.stderr)
+
+
+# -- names two distributions register ------------------------------------------------------
+
+
+def test_a_plugin_or_writer_name_of_two_distributions_is_named_with_both(
+    make_dist, toy, tmp_path, capsys
+):
+    make_dist(
+        "my-timer",
+        "my_timer_mod",
+        "from hookrun_timer import Timer as X\n",
+        {"hookrun.plugins": {"timer": "my_timer_mod:X"}},
+    )
+    for dist in ("w-one", "w-two"):
+        make_dist(
+            dist,
+            dist.replace("-", "_"),
+            "from hookrun.writers import JsonlWriter as W\n",
+            {"hookrun.writers": {"mywriter": f"{dist.replace('-', '_')}:W"}},
+        )
+    code, out, err = run_cli(capsys, "plugins", "list")
+    assert code == 0 and "timer" in out
+    (warning,) = err.splitlines()
+    assert warning.startswith("warning: plugin name 'timer' is registered by 2 distributions: ")
+    assert "hookrun-timer 0.1.0 (hookrun_timer:Timer)" in warning
+    assert "my-timer 1.2.3 (my_timer_mod:X)" in warning and warning.endswith("all but one")
+
+    assert errors_of(toy) == []  # the toy config turns the timer off: no ambiguity
+    assert errors_of(toy, "plugins.timer=true", "runner.writers=[jsonl, mywriter]") == [
+        "runner.writers.mywriter: writer name 'mywriter' is registered by 2 distributions: "
+        "w-one 1.2.3 (w_one:W), w-two 1.2.3 (w_two:W); uninstall all but one",
+        "plugins.timer: " + warning.removeprefix("warning: "),
+    ]
+    work = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", toy, "--work-dir", work, "--set", "plugins.timer={}")
+    assert (code, err) == (2, "plugins.timer: " + warning.removeprefix("warning: ") + "\n")
+    assert not work.exists()
+
+
+def test_plugins_new_refuses_an_installed_name(tmp_path, capsys):
+    assert run_cli(capsys, "plugins", "new", "ema", "--dir", tmp_path) == (
+        2,
+        "",
+        "plugin name 'ema' is taken by the installed distribution 'hookrun-ema 0.1.0' "
+        "(hookrun_ema:EMA); choose another name\n",
+    )
+    assert not any(tmp_path.iterdir())
