@@ -240,7 +240,7 @@ def build_optimizer(model: torch.nn.Module, section: Mapping[str, Any]) -> torch
             groups.append({"params": decayed, **extra})
         if plain:
             groups.append({"params": plain, **extra, "weight_decay": 0.0})
-    return cls(groups, **keywords)  # type: ignore[no-any-return]
+    return cls(groups, **keywords)
 
 
 @dataclass(frozen=True)
