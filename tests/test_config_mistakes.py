@@ -177,6 +177,10 @@ def test_optimizer_and_scheduler_sections_are_checked_before_any_model(toy):
         "differentiable, fused)",
         "scheduler.main.step_size: `auto` only fills T_max, total_iters, total_steps, T_0",
     ]
+    # YAML 1.1 reads 1e-3 (no dot) as text: said, with what to write instead
+    assert errors_of(toy, "optimizer={type: SGD, lr: 1e-3}", "task_args.optimizer=false") == [
+        "optimizer.lr: '1e-3' is text to YAML, not a number; write 0.001"
+    ]
 
 
 # -- through the real command line: exit 2, one line, nothing on disk ----------------------

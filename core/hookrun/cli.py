@@ -232,7 +232,7 @@ def _evaluate(
         raise HookrunError(f"--checkpoint: file not found: {checkpoint}")
     out = loaded.work_dir
     # the work dir's lock, as train takes it: evaluation appends to the run's logs
-    hint = "wait for the run to finish, or evaluate into another --work-dir"
+    hint = "evaluate into another --work-dir"
     with _created_for(out), workdir.hold(out, enabled=_rank() == 0, hint=hint, notice=_notice):
         _notice(f"building task {loaded.data['task']} ...")
         runner = build_runner(loaded, training=False)

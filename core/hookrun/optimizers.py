@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hookrun.discovery import did_you_mean
@@ -119,6 +120,7 @@ def optimizer_errors(section: Any) -> list[str]:
         if isinstance(group, Mapping):
             extra = {k: v for k, v in group.items() if k != "params"}
             errors += keyword_errors(f"optimizer.param_groups.{i}", cls, extra, ("params",))
+    errors += _quoted_numbers("optimizer", keywords)
     if errors:
         return errors
     import torch
@@ -148,6 +150,7 @@ def scheduler_errors(section: Any) -> list[str]:
         return [f"scheduler.main.type: {line}" for line in exc.lines]
     keywords = {k: v for k, v in main.items() if k != "type"}
     errors = keyword_errors("scheduler.main", cls, keywords, skip=("optimizer",))
+    errors += _quoted_numbers("scheduler.main", keywords)
     errors += [
         f"scheduler.main.{key}: `auto` only fills {', '.join(AUTO_KEYS)}"
         for key, value in keywords.items()
@@ -193,6 +196,20 @@ def find_class(name: str, home: str) -> type:
     if not isinstance(found, type):
         raise ConfigError(f"{module_name} has no class {attr!r}")
     return found
+
+
+def _quoted_numbers(where: str, keywords: Mapping[str, Any]) -> list[str]:
+    """Numbers YAML reads as text (``1e-3`` needs a dot: ``1.0e-3``), one line each."""
+    lines = []
+    for key, value in keywords.items():
+        if isinstance(value, str) and value != "auto":
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            written = yaml.safe_dump(number).split("\n")[0]  # 1.0e-05: a float to YAML
+            lines.append(f"{where}.{key}: {value!r} is text to YAML, not a number; write {written}")
+    return lines
 
 
 def _extra(group: Mapping[str, Any]) -> dict[str, Any]:
