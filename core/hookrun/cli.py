@@ -176,9 +176,11 @@ def _created_for(work_dir: Path) -> Iterator[None]:
     try:
         yield
     except HookrunError:
-        if missing and _rank() == 0:
+        lock = missing[0] / LOCK_NAME if missing else None
+        if lock is not None and _rank() == 0:
             with contextlib.suppress(OSError):
-                (missing[0] / LOCK_NAME).unlink(missing_ok=True)
+                if [p.name for p in lock.parent.iterdir()] == [LOCK_NAME]:
+                    lock.unlink()
                 for created in missing:
                     created.rmdir()  # refuses a folder that holds anything else
         raise
@@ -225,7 +227,6 @@ def _evaluate(
     from hookrun import config as cfg
     from hookrun import workdir
     from hookrun.launch import build_runner
-    from hookrun.state import check_fit
 
     loaded = cfg.load(config, overrides, work_dir)
     if checkpoint is not None and not Path(checkpoint).is_file():
@@ -239,8 +240,8 @@ def _evaluate(
         if getattr(runner, f"{mode}_dataloader") is None:
             raise HookrunError(f"task: {loaded.data['task']} returned no {mode}_dataloader")
         path = Path(checkpoint) if checkpoint is not None else _latest(runner)
-        check_fit(runner, path, resume=True)  # before the writers add to the work dir
-        # resume=True restores plugin state too (an EMA evaluates with its averaged weights)
+        # resume=True restores plugin state too (an EMA evaluates with its averaged weights);
+        # a file that does not fit is refused before the writers open
         runner.load_checkpoint(path, resume=True)
         _notice(f"evaluating {path}")
         metrics = runner.val() if mode == "val" else runner.test()
