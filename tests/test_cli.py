@@ -302,7 +302,7 @@ def test_python_m_hookrun_is_the_same_cli():
 # -- train, val, test with a tiny task ---------------------------------------------------
 
 
-def test_train_test_and_resume_exit_codes(toy, tmp_path):
+def test_train_test_and_resume_exit_codes(toy, tmp_path, capsys):
     work = tmp_path / "run"
     first = run("train", toy, "--work-dir", work)
     assert first.returncode == 0, first.stderr
@@ -341,14 +341,14 @@ def test_train_test_and_resume_exit_codes(toy, tmp_path):
     assert "accuracy" in evaluated.stdout
     missing = run("test", toy, "--checkpoint", work / "nope.pt")
     assert missing.returncode == 2 and "--checkpoint: file not found" in missing.stderr
-    latest = run("test", toy, "--work-dir", work)  # no --checkpoint: the run's latest
-    assert latest.returncode == 0, latest.stderr
-    assert f"[hookrun] evaluating {work / 'checkpoints' / 'epoch_3.pt'}" in latest.stdout
-    none = run("val", toy, "--work-dir", tmp_path / "empty")
-    assert (none.returncode, none.stderr) == (
+    code, out, err = run_cli(capsys, "test", toy, "--work-dir", work)  # the run's latest
+    assert code == 0, err
+    assert f"[hookrun] evaluating {work / 'checkpoints' / 'epoch_3.pt'}" in out
+    code, _, err = run_cli(capsys, "val", toy, "--work-dir", tmp_path / "empty")
+    assert (code, err.splitlines()[-1]) == (
         2,
         f"--checkpoint: none given and {tmp_path / 'empty' / 'checkpoints'} holds no "
-        "checkpoint; give --checkpoint PATH\n",
+        "checkpoint; give --checkpoint PATH",
     )
     assert not (tmp_path / "empty").exists()
 
