@@ -114,6 +114,11 @@ def test_a_module_task_is_read_from_its_source_without_importing_it(toy, monkeyp
             "runner.writers.jsonl: expected a mapping of options, true or false (got 5)",
         ),
         ("runner.writers=[1]", "runner.writers.0: expected a writer name (got 1)"),
+        (
+            "runner.grad_accum=1000000000000000000000",
+            "runner.grad_accum: Input should be less than or equal to 9223372036854775807 "
+            "(got 1000000000000000000000)",
+        ),
     ],
 )
 def test_each_listed_mistake_is_one_line_with_its_path(toy, override, line):

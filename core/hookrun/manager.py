@@ -14,6 +14,7 @@ import pluggy
 from pydantic import ValidationError
 
 from hookrun import hookspecs
+from hookrun.arguments import MAX_INT
 from hookrun.discovery import (
     PLUGIN_GROUP,
     EntryPointInfo,
@@ -170,9 +171,9 @@ class PluginManager:
             return None
         too_large = [
             f"{self.where}.{name}.{key}: {value} is beyond the 64-bit integers torch and "
-            f"Python's C code take (at most {2**63 - 1})"
+            f"Python's C code take (at most {MAX_INT})"
             for key, value in parsed.model_dump().items()
-            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**63 - 1
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT
         ]
         if too_large:
             errors.extend(too_large)
