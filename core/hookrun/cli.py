@@ -19,28 +19,18 @@ from typing import Any
 
 import click
 
+from hookrun.console import (
+    aligned,
+    echo,
+    print_call_order,
+    print_hook_table,
+    print_summary,
+    rank,
+    to_json,
+)
 from hookrun.errors import CheckpointError, HookrunError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def _rank() -> int:
-    return int(os.environ.get("RANK", "0") or 0)
-
-
-def echo(message: str = "", err: bool = False) -> None:
-    """Print on rank 0 only."""
-    if _rank() == 0:
-        click.echo(message, err=err)
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    """Plain aligned columns (rich would cost start-up time in ``plugins list``)."""
-    cells = [header, *rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 # -- the command group ---------------------------------------------------------------------
@@ -132,7 +122,7 @@ def train(
         raise HookrunError(f"--resume: checkpoint not found: {resume}")
     out = loaded.work_dir
     # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
-    with _created_for(out), workdir.hold(out, enabled=_rank() == 0, notice=_notice):
+    with _created_for(out), workdir.hold(out, enabled=rank() == 0, notice=_notice):
         leftovers = launch.check_fresh_work_dir(loaded) if resume is None else None
         _notice(f"building task {loaded.data['task']} ...")  # importing torch takes seconds
         runner = launch.build_runner(loaded)
@@ -154,10 +144,10 @@ def train(
             workdir.clear_finished(out)
             launch.save_resolved_config(loaded)
         if verbose:
-            _print_hook_table(runner)
+            print_hook_table(runner)
         runner.train(resume=resume)
         test = runner.test() if runner.test_dataloader is not None else None
-        _print_summary(runner, loaded, runner.last_metrics.get("val"), test)
+        print_summary(runner, loaded, runner.last_metrics.get("val"), test)
         if runner.is_main:
             workdir.mark_finished(runner)  # what `--resume auto` checks
 
@@ -177,7 +167,7 @@ def _created_for(work_dir: Path) -> Iterator[None]:
         yield
     except HookrunError:
         lock = missing[0] / LOCK_NAME if missing else None
-        if lock is not None and _rank() == 0:
+        if lock is not None and rank() == 0:
             with contextlib.suppress(OSError):
                 if [p.name for p in lock.parent.iterdir()] == [LOCK_NAME]:
                     lock.unlink()
@@ -234,7 +224,7 @@ def _evaluate(
     out = loaded.work_dir
     # the work dir's lock, as train takes it: evaluation appends to the run's logs
     hint = "evaluate into another --work-dir"
-    with _created_for(out), workdir.hold(out, enabled=_rank() == 0, hint=hint, notice=_notice):
+    with _created_for(out), workdir.hold(out, enabled=rank() == 0, hint=hint, notice=_notice):
         _notice(f"building task {loaded.data['task']} ...")
         runner = build_runner(loaded, training=False)
         if getattr(runner, f"{mode}_dataloader") is None:
@@ -246,7 +236,7 @@ def _evaluate(
         _notice(f"evaluating {path}")
         metrics = runner.val() if mode == "val" else runner.test()
     val, test = (metrics, None) if mode == "val" else (None, metrics)
-    _print_summary(runner, loaded, val, test)
+    print_summary(runner, loaded, val, test)
 
 
 def _latest(runner: Any) -> Path:
@@ -262,58 +252,6 @@ def _latest(runner: Any) -> Path:
             f"--checkpoint: none given and {folder} holds no checkpoint; give --checkpoint PATH"
         )
     return found[0]
-
-
-def _print_hook_table(runner: Any) -> None:
-    rows = [[hook, ", ".join(names)] for hook, names in runner.manager.table() if names]
-    echo(_table(rows, ["hook point", "plugins in call order"]))
-
-
-def _print_summary(
-    runner: Any, loaded: Any, val: dict[str, float] | None, test: dict[str, float] | None
-) -> None:
-    if not runner.is_main:
-        return
-    from rich.table import Table
-
-    table = Table(title="final metrics")
-    table.add_column("metric")
-    columns = [(name, m) for name, m in (("val", val), ("test", test)) if m]
-    for name, _ in columns:
-        table.add_column(name, justify="right")
-    for key in dict.fromkeys(k for _, m in columns for k in m):
-        table.add_row(key, *(f"{m[key]:.4f}" if key in m else "" for _, m in columns))
-    console = runner.console
-    if columns:
-        console.print(table)
-    work_dir = runner.work_dir
-    lines = [("run folder", str(work_dir))]
-    ran = _writer_names(loaded.runner["writers"])
-    if "jsonl" in ran:
-        lines.append(("JSONL log", str(work_dir / "log.jsonl")))
-    saved = sorted(p.name for p in Path(runner.checkpoint_dir).glob("*.pt"))
-    if saved:
-        lines.append(("checkpoints", f"{runner.checkpoint_dir} ({', '.join(saved)})"))
-    if "tensorboard" in ran:
-        lines.append(("TensorBoard", f"tensorboard --logdir {work_dir / 'tensorboard'}"))
-    others = [name for name in ran if name not in ("jsonl", "tensorboard")]
-    if others:
-        lines.append(("writers", ", ".join(others)))
-    for label, text in lines:
-        console.print(f"{label + ':':<13} {text}", markup=False, soft_wrap=True)
-
-
-def _writer_names(spec: Any) -> list[str]:
-    """The writers a validated ``runner.writers`` spec turns on."""
-    if isinstance(spec, dict):
-        return [str(name) for name, options in spec.items() if options is not False]
-    return [str(name) for name in spec or ()]
-
-
-def _json(data: Any) -> str:
-    import json  # imported on use: start-up time matters for `plugins list`
-
-    return json.dumps(data, indent=2)
 
 
 # -- plugins -------------------------------------------------------------------------------
@@ -352,16 +290,16 @@ def plugins_list(as_json: bool, load: bool) -> None:
         for row in rows:
             row.update(describe_plugin(row["name"], found, blocked))
     if as_json:
-        echo(_json(rows))
+        echo(to_json(rows))
         return
     if not rows:
         echo("no plugins installed (pip install hookrun-logger, hookrun-checkpoint, ...)")
         return
     header = ["name", "distribution", "version", "entry point"]
-    table = [[r["name"], r["distribution"], r["version"], r["entry_point"]] for r in rows]
+    grid = [[r["name"], r["distribution"], r["version"], r["entry_point"]] for r in rows]
     if load:
         header += ["priority", "default", "hooks", "status"]
-        for line, r in zip(table, rows, strict=True):
+        for line, r in zip(grid, rows, strict=True):
             line += [
                 "" if r["priority"] is None else str(r["priority"]),
                 {True: "on", False: "off", None: ""}[r["enabled_by_default"]],
@@ -369,24 +307,12 @@ def plugins_list(as_json: bool, load: bool) -> None:
                 r["status"],
             ]
     else:
-        for line, r in zip(table, rows, strict=True):
+        for line, r in zip(grid, rows, strict=True):
             if r["name"] in blocked:
                 line[0] += " (blocked)"
-    echo(_table(table, header))
+    echo(aligned(grid, header))
     if load:
-        _print_call_order(rows)
-
-
-def _print_call_order(rows: list[dict[str, Any]]) -> None:
-    """Each hook point with the plugins serving it in call order, then any load errors."""
-    from hookrun.inspection import call_order
-
-    table = [[hook, ", ".join(names)] for hook, names in call_order(rows)]
-    echo()
-    echo(_table(table, ["hook point", "plugins in call order (priority)"]))
-    for r in rows:
-        if r["error"]:
-            echo(f"{r['name']} ({r['distribution']}): {r['error']}", err=True)
+        print_call_order(rows)
 
 
 @plugins.command(name="show")
@@ -422,7 +348,7 @@ def plugins_show(name: str, as_json: bool) -> None:
         "settings": settings_rows(cls.Settings),
     }
     if as_json:
-        echo(_json(result))
+        echo(to_json(result))
         return
     echo(f"{name}  ({result['distribution']} {result['version']}, {result['entry_point']})")
     if doc:
@@ -471,7 +397,7 @@ def hooks(as_json: bool) -> None:
 
     entries = hook_entries()
     if as_json:
-        echo(_json(entries))
+        echo(to_json(entries))
         return
     for entry in entries:
         echo(click.style(f"{entry['name']}({', '.join(entry['arguments'])})", bold=True))
@@ -521,7 +447,7 @@ def schedule(config: Path, overrides: Sequence[str], plot: Path | None, as_json:
     steps = lr_schedule.compute(loaded)
     if as_json:
         echo(
-            _json(
+            to_json(
                 [
                     {"iter": s.iter, "epoch": s.epoch, "lr": s.lrs, "momentum": s.momenta}
                     for s in steps
@@ -530,7 +456,7 @@ def schedule(config: Path, overrides: Sequence[str], plot: Path | None, as_json:
         )
     else:
         header = ["iter", "epoch", "lr"] + (["momentum"] if any(s.momenta for s in steps) else [])
-        echo(_table(lr_schedule.table_rows(steps), header))
+        echo(aligned(lr_schedule.table_rows(steps), header))
         interval = loaded.runner["scheduler_interval"]
         echo(f"{len(steps)} iterations; the schedule steps per {interval}")
     if plot is not None:
@@ -543,7 +469,7 @@ def config_schema() -> None:
     """Print the JSON Schema of config files, installed plugins' settings included."""
     from hookrun.schema import schema
 
-    echo(_json(schema()))
+    echo(to_json(schema()))
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -560,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        if _rank() == 0:
+        if rank() == 0:
             exc.show()
         sys.exit(EXIT_USAGE)
     except (click.exceptions.Abort, KeyboardInterrupt):
@@ -571,8 +497,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             echo(line, err=True)
         sys.exit(EXIT_USAGE)
     except CheckpointError as exc:  # a runtime failure (full disk, I/O), not a bug: one line
-        rank = f"[rank {_rank()}] " if "RANK" in os.environ else ""
-        print(f"{rank}error: {exc}", file=sys.stderr)
+        prefix = f"[rank {rank()}] " if "RANK" in os.environ else ""
+        print(f"{prefix}error: {exc}", file=sys.stderr)
         sys.exit(EXIT_FAILED)
     except Exception as exc:
         _print_failure(exc)
@@ -593,6 +519,6 @@ def _print_failure(exc: BaseException) -> None:
         and tb.tb_frame.f_code.co_filename.startswith(skipped)
     ):
         tb = tb.tb_next
-    rank = f" on rank {_rank()}" if "RANK" in os.environ else ""
-    print(f"hookrun: training failed{rank}:", file=sys.stderr)
+    where = f" on rank {rank()}" if "RANK" in os.environ else ""
+    print(f"hookrun: training failed{where}:", file=sys.stderr)
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
