@@ -3,7 +3,9 @@
 - ``<!-- hook-reference -->`` becomes every hook point of ``hookrun.hookspecs`` with its
   arguments and docstring (the docstrings are the reference; nothing is copied by hand);
 - ``<!-- settings-table: NAME -->`` becomes plugin NAME's settings table, from the JSON
-  schema of its pydantic ``Settings`` (field, type, default, constraints, description).
+  schema of its pydantic ``Settings`` (field, type, default, constraints, description);
+- ``<!-- runner-table -->`` and ``<!-- config-table: optimizer|scheduler|warmup -->`` become
+  the tables of those config sections, from their pydantic models.
 
 A missing plugin or an undocumented setting is a warning, which ``mkdocs build --strict``
 turns into a failed build.
@@ -21,6 +23,7 @@ log = logging.getLogger("mkdocs.plugins.hookrun")
 SETTINGS_MARKER = re.compile(r"<!--\s*settings-table:\s*([A-Za-z0-9_]+)\s*-->")
 HOOKS_MARKER = "<!-- hook-reference -->"
 CONFIG_MARKER = "<!-- runner-table -->"
+SECTION_MARKER = re.compile(r"<!--\s*config-table:\s*(optimizer|scheduler|warmup)\s*-->")
 
 
 def on_page_markdown(markdown: str, page: Any = None, config: Any = None, files: Any = None) -> str:
@@ -31,7 +34,15 @@ def on_page_markdown(markdown: str, page: Any = None, config: Any = None, files:
         from hookrun.config import RunnerConfig
 
         markdown = markdown.replace(CONFIG_MARKER, table(RunnerConfig, "runner"))
-    return markdown
+    return SECTION_MARKER.sub(lambda m: section_table(m.group(1)), markdown)
+
+
+def section_table(name: str) -> str:
+    """``optimizer``, ``scheduler`` or ``scheduler.warmup`` of config files, from their models."""
+    from hookrun.optimizers import OptimizerConfig, SchedulerConfig, Warmup
+
+    models = {"optimizer": OptimizerConfig, "scheduler": SchedulerConfig, "warmup": Warmup}
+    return table(models[name], "scheduler.warmup" if name == "warmup" else name)
 
 
 def settings_table(name: str) -> str:

@@ -23,7 +23,7 @@ from torch import nn
 from hookrun import Runner
 from hookrun import checkpoint as ckpt_io
 from hookrun.errors import CheckpointError
-from hookrun.testing import isolated_env, toy_runner_kwargs
+from hookrun.testing import isolated_env, toy_runner_kwargs, write_toy_task
 
 # -- writes ----------------------------------------------------------------------------------
 
@@ -200,36 +200,17 @@ def test_files_are_created_with_the_users_umask(tmp_path):
 
 # -- the command line ------------------------------------------------------------------------
 
-TASK = """
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
-def build(width=2):
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(16, 4, generator=g), torch.randint(0, 2, (16,), generator=g))
-    model = nn.Linear(4, width)
-    return {
-        "model": model,
-        "train_dataloader": DataLoader(data, batch_size=8),
-        "val_dataloader": DataLoader(data, batch_size=8),
-        "test_dataloader": DataLoader(data, batch_size=8),
-        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
-        "criterion": nn.CrossEntropyLoss(),
-    }
-"""
-
 
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
-    (tmp_path / "task.py").write_text(TASK)
-    path = tmp_path / "config.yaml"
-    path.write_text(
-        "task: task.py:build\n"
-        "runner: {max_epochs: 1, device: cpu, writers: [jsonl]}\n"
-        "plugins: {checkpoint: true, logger: false, timer: false}\n"
+    return write_toy_task(
+        tmp_path,
+        """
+        task: toytask.py:build
+        runner: {max_epochs: 1, device: cpu, writers: [jsonl]}
+        plugins: {checkpoint: true, logger: false, timer: false}
+        """,
     )
-    return path
 
 
 class Evil:
@@ -274,14 +255,16 @@ def test_a_named_checkpoint_that_does_not_fit_is_one_line_and_exit_2(tmp_path, c
         f"checkpoint {wide_pt} does not fit this run: model: 2 size mismatches, first: "
         "weight [3,4] (checkpoint) vs [2,4] (model)\n"
     )
-    assert results["val"] == (2, "", mismatch)
-    assert results["train"] == (2, "", mismatch)
-    assert results["test"][:2] == (2, "")
+    building = "[hookrun] building task toytask.py:build ...\n"
+    assert results["val"] == (2, building, mismatch)
+    assert results["train"] == (2, building, mismatch)
+    assert results["test"][:2] == (2, building)
     assert results["test"][2].startswith(
         f"cannot load checkpoint {evil}: not a hookrun checkpoint (weights_only load refused: "
     )
     assert results["test"][2].count("\n") == 1
-    assert not (tmp_path / "v").exists() and not (tmp_path / "t").exists()  # nothing created
+    # nothing created: no folder, lock file, config.yaml or log
+    assert not any((tmp_path / name).exists() for name in ("v", "t", "r"))
     assert not (tmp_path / "PWNED").exists()
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from hookrun.discovery import installed_plugins
 from hookrun.dispatch import hook_points
+from hookrun.testing import run_cli, write_toy_task
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits" / "config.yaml"
@@ -48,47 +49,10 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-TOY_TASK = """
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
-def build(n=32, fail_in_forward=False):
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g))
-    model = nn.Linear(4, 2)
-    if fail_in_forward:
-        model.forward = explode
-    return {
-        "model": model,
-        "train_dataloader": DataLoader(data, batch_size=8),
-        "val_dataloader": DataLoader(data, batch_size=8),
-        "test_dataloader": DataLoader(data, batch_size=8),
-        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
-        "criterion": nn.CrossEntropyLoss(),
-        "metrics": {"accuracy": lambda out, y: (out.argmax(1) == y).float().mean()},
-    }
-
-def explode(x):
-    raise ValueError("user code broke here")
-
-def wrong_keys():
-    return {"modle": nn.Linear(1, 1)}
-"""
-
-
 @pytest.fixture
 def toy(tmp_path: Path) -> Path:
     """A tiny config (only the checkpoint plugin) and its task file."""
-    write(tmp_path / "toytask.py", TOY_TASK)
-    return write(
-        tmp_path / "toy.yaml",
-        """
-        task: toytask.py:build
-        runner: {max_epochs: 2, device: cpu, writers: [jsonl]}
-        plugins: {checkpoint: true, logger: false, timer: false}
-        """,
-    )
+    return write_toy_task(tmp_path)
 
 
 # -- plugins -----------------------------------------------------------------------------
@@ -338,12 +302,14 @@ def test_python_m_hookrun_is_the_same_cli():
 # -- train, val, test with a tiny task ---------------------------------------------------
 
 
-def test_train_test_and_resume_exit_codes(toy, tmp_path):
+def test_train_test_and_resume_exit_codes(toy, tmp_path, capsys):
     work = tmp_path / "run"
     first = run("train", toy, "--work-dir", work)
     assert first.returncode == 0, first.stderr
     assert "final metrics" in first.stdout
-    assert f"tensorboard --logdir {work / 'tensorboard'}" in first.stdout
+    assert first.stdout.startswith("[hookrun] building task toytask.py:build ...\n")
+    assert f"JSONL log:    {work / 'log.jsonl'}" in first.stdout
+    assert "tensorboard" not in first.stdout  # only the writers that ran ([jsonl]) are listed
     saved = (work / "config.yaml").read_text()
     assert f"work_dir: {work.resolve()}" in saved and "toytask.py:build" in saved
     checkpoint = work / "checkpoints" / "epoch_2.pt"
@@ -375,6 +341,16 @@ def test_train_test_and_resume_exit_codes(toy, tmp_path):
     assert "accuracy" in evaluated.stdout
     missing = run("test", toy, "--checkpoint", work / "nope.pt")
     assert missing.returncode == 2 and "--checkpoint: file not found" in missing.stderr
+    code, out, err = run_cli(capsys, "test", toy, "--work-dir", work)  # the run's latest
+    assert code == 0, err
+    assert f"[hookrun] evaluating {work / 'checkpoints' / 'epoch_3.pt'}" in out
+    code, _, err = run_cli(capsys, "val", toy, "--work-dir", tmp_path / "empty")
+    assert (code, err.splitlines()[-1]) == (
+        2,
+        f"--checkpoint: none given and {tmp_path / 'empty' / 'checkpoints'} holds no "
+        "checkpoint; give --checkpoint PATH",
+    )
+    assert not (tmp_path / "empty").exists()
 
 
 def test_failure_in_user_code_exits_1_with_its_traceback(toy, tmp_path):
@@ -397,3 +373,18 @@ def test_task_returning_wrong_keys_is_a_config_error(toy, tmp_path):
     assert result.returncode == 2
     assert "returned unknown key 'modle' (did you mean 'model'?)" in result.stderr
     assert "returned no 'model'" in result.stderr
+
+
+def test_help_shows_whole_summaries_an_example_and_the_docs(capsys):
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0
+    commands = out[out.index("Commands:") : out.index("Example:")]
+    text = " ".join(commands.split())
+    for line in (
+        "val Evaluate a checkpoint (default: the run's latest) on the task's val_dataloader.",
+        "schedule The learning rate (and momentum) over the whole run of CONFIG, without training.",
+    ):
+        assert line in text
+    assert "..." not in commands  # no summary is cut
+    assert "hookrun train examples/digits/config.yaml --work-dir runs/digits" in out
+    assert "Docs: https://github.com/hookrun/hookrun/tree/main/docs" in out

@@ -10,6 +10,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_cli import DIGITS, run
 
+from hookrun import config as cfg
+from hookrun.lr_schedule import compute
+
 EPOCHS = 3
 ITERS_PER_EPOCH = 20  # 1,257 training digits in batches of 64
 
@@ -24,8 +27,6 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         work,
         "--set",
         f"runner.max_epochs={EPOCHS}",
-        "--set",
-        f"task_args.epochs={EPOCHS}",
     )
     assert result.returncode == 0, result.stderr
     return work, result.stdout
@@ -80,3 +81,16 @@ def test_digits_checkpoints_evaluate_through_the_cli(digits_run):
     accuracy = [r["test/accuracy"] for r in jsonl(work) if "test/accuracy" in r]
     assert len(accuracy) == 2 and accuracy[-1] > 0.9
     assert f"{accuracy[-1]:.4f}" in result.stdout
+
+
+def test_digits_schedule_is_the_learning_rate_the_run_logged(digits_run):
+    """`hookrun schedule`'s numbers, computed without training, at every logged iteration."""
+    work, _ = digits_run
+    overrides = [f"runner.max_epochs={EPOCHS}", "task_args.num_threads=null"]
+    planned = {s.iter: s.lrs for s in compute(cfg.load(DIGITS, overrides))}
+    assert len(planned) == EPOCHS * ITERS_PER_EPOCH
+    logged = {r["step"]: r["train/lr"] for r in jsonl(work) if "train/lr" in r}
+    assert sorted(logged) == list(range(10, EPOCHS * ITERS_PER_EPOCH + 1, 10))
+    assert [logged[i] for i in sorted(logged)] == [planned[i][0] for i in sorted(logged)]
+    assert all(len(set(planned[i])) == 1 for i in logged)  # the no_decay groups share the lr
+    assert logged[10] < logged[20] > logged[30]  # warm-up over the first epoch, then cosine

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -20,75 +19,25 @@ import pytest
 from hookrun import config as cfg
 from hookrun import launch, workdir
 from hookrun.errors import HookrunError
+from hookrun.testing import isolated_env, write_toy_task
 from hookrun.writers import JsonlWriter, TensorBoardWriter
-
-TASK = """
-import os
-import time
-from pathlib import Path
-
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
-from hookrun import hookimpl
-
-
-class Pause:
-    \"\"\"Holds the run in before_train until <folder>/go exists (at most a minute).\"\"\"
-
-    def __init__(self, folder):
-        self.folder = Path(folder)
-
-    @hookimpl
-    def before_train(self, runner):
-        (self.folder / "started").write_text(str(os.getpid()))
-        deadline = time.monotonic() + 60
-        while not (self.folder / "go").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-
-def build(pause_dir=None, fail_in_forward=False):
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g))
-    model = nn.Linear(4, 2)
-    if fail_in_forward:
-        model.forward = explode
-    return {
-        "model": model,
-        "train_dataloader": DataLoader(data, batch_size=8),
-        "val_dataloader": DataLoader(data, batch_size=8),
-        "test_dataloader": DataLoader(data, batch_size=8),
-        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
-        "criterion": nn.CrossEntropyLoss(),
-        "metrics": {"accuracy": lambda out, y: (out.argmax(1) == y).float().mean()},
-        "hooks": [Pause(pause_dir)] if pause_dir else [],
-    }
-
-
-def explode(x):
-    raise ValueError("user code broke here")
-"""
 
 
 @pytest.fixture
 def toy(tmp_path: Path) -> Path:
-    (tmp_path / "toytask.py").write_text(TASK)
-    config = tmp_path / "toy.yaml"
-    config.write_text(
-        textwrap.dedent(
-            """
-            task: toytask.py:build
-            runner: {max_epochs: 2, device: cpu, writers: [jsonl, tensorboard]}
-            plugins: {checkpoint: true, logger: false, timer: false}
-            """
-        )
+    return write_toy_task(
+        tmp_path,
+        """
+        task: toytask.py:build
+        runner: {max_epochs: 2, device: cpu, writers: [jsonl, tensorboard]}
+        plugins: {checkpoint: true, logger: false, timer: false}
+        """,
     )
-    return config
 
 
 def env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("HOOKRUN_") and k != "RANK"}
+    """Only the plugins the toy config names load (other installed ones print nothing)."""
+    return isolated_env({k: v for k, v in os.environ.items() if k != "RANK"})
 
 
 def command(*args: object) -> list[str]:
@@ -163,10 +112,20 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_blocks_no
             )
             for extra in ([], ["--resume", "auto"])
         ]
+        evaluation = subprocess.Popen(  # val and test take the lock too: they append logs
+            command("val", toy, "--work-dir", work),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(),
+        )
         for second in seconds:
             out, err = second.communicate(timeout=120)
             assert second.returncode == 2, err
             assert err.strip() == expected and out == ""
+        out, err = evaluation.communicate(timeout=120)
+        assert (evaluation.returncode, out) == (2, "")
+        assert err.strip() == expected.replace("use another", "evaluate into another")
         assert snapshot(work) == before  # no config.yaml rewritten, no log line
 
         # the Python API is refused the same way, before its writers open
@@ -292,9 +251,10 @@ def test_resume_auto_on_a_finished_run_changes_nothing(toy, tmp_path):
 
     again = hookrun("train", toy, "--work-dir", work, "--resume", "auto")
     assert again.returncode == 0, again.stderr
-    assert again.stdout.strip() == (
-        f"run in {work} is already finished (iteration 8 of 8); nothing to do"
-    )
+    assert again.stdout.splitlines() == [
+        "[hookrun] building task toytask.py:build ...",
+        f"run in {work} is already finished (iteration 8 of 8); nothing to do",
+    ]
     assert snapshot(work) == before  # no validation, no test, no point, no config rewritten
     assert len((work / "log.jsonl").read_text().splitlines()) == lines
 

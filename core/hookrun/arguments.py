@@ -29,6 +29,9 @@ from hookrun.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
+#: The largest integer torch and Python's C code take (a 64-bit signed integer).
+MAX_INT = 2**63 - 1
+
 
 class ClipGradNorm(BaseModel):
     """Keyword arguments of ``torch.nn.utils.clip_grad_norm_``."""
@@ -75,17 +78,22 @@ class RunnerArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_epochs: int | None = Field(
-        None, ge=1, description="Epochs to train (10 when neither this nor max_iters is set)."
+        None,
+        ge=1,
+        le=MAX_INT,
+        description="Epochs to train (10 when neither this nor max_iters is set).",
     )
     max_iters: int | None = Field(
         None,
         ge=1,
+        le=MAX_INT,
         description="Iterations to train instead of epochs; validation then runs "
         "every val_interval iterations.",
     )
     val_interval: int = Field(
         1,
         ge=1,
+        le=MAX_INT,
         description="Validate every this many epochs (iterations with max_iters), and "
         "always at the end.",
     )
@@ -110,7 +118,10 @@ class RunnerArguments(BaseModel):
         None, description="Mixed precision: null (off), `bf16`, or `fp16` (CUDA only)."
     )
     grad_accum: int = Field(
-        1, ge=1, description="Accumulate gradients over this many batches per optimizer step."
+        1,
+        ge=1,
+        le=MAX_INT,
+        description="Accumulate gradients over this many batches per optimizer step.",
     )
     clip_grad: ClipGrad | None = Field(
         None,
@@ -128,6 +139,7 @@ class RunnerArguments(BaseModel):
     log_interval: int = Field(
         10,
         ge=1,
+        le=MAX_INT,
         description="Report train scalars to the writers every this many iterations (and at "
         "epoch ends).",
     )
@@ -139,6 +151,7 @@ class RunnerArguments(BaseModel):
     dist_timeout: float = Field(
         600.0,
         gt=0,
+        lt=1e13,  # beyond, datetime.timedelta overflows
         description="Seconds a collective operation may wait for the other ranks before "
         "the run fails.",
     )
@@ -171,6 +184,15 @@ class RunnerArguments(BaseModel):
         if isinstance(value, os.PathLike):
             return os.fspath(value)
         return str(value) if type(value).__module__ == "torch" else value
+
+    @field_validator("work_dir")
+    @classmethod
+    def _a_path(cls, value: str) -> str:
+        if "\0" in value:
+            raise ValueError("a path cannot hold a NUL byte")
+        if not value.strip():
+            raise ValueError("give a folder")
+        return value
 
     @field_validator("max_iters")
     @classmethod

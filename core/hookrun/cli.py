@@ -10,45 +10,68 @@ entry-point metadata (no torch, pydantic, pluggy or plugin import). Under torchr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
+from hookrun.console import (
+    aligned,
+    echo,
+    print_call_order,
+    print_hook_table,
+    print_summary,
+    rank,
+    to_json,
+)
 from hookrun.errors import CheckpointError, HookrunError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def _rank() -> int:
-    return int(os.environ.get("RANK", "0") or 0)
-
-
-def echo(message: str = "", err: bool = False) -> None:
-    """Print on rank 0 only."""
-    if _rank() == 0:
-        click.echo(message, err=err)
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    """Plain aligned columns (rich would cost start-up time in ``plugins list``)."""
-    cells = [header, *rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 # -- the command group ---------------------------------------------------------------------
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+EPILOG = """\b
+Example:
+  hookrun config validate examples/digits/config.yaml
+  hookrun schedule examples/digits/config.yaml
+  hookrun train examples/digits/config.yaml --work-dir runs/digits
+  hookrun train examples/digits/config.yaml --work-dir runs/digits --resume auto
+
+Exit codes: 0 success, 1 training failed, 2 a mistake in what was given.
+Docs: https://github.com/hookrun/hookrun/tree/main/docs (cli.md, config.md)
+"""
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EPILOG,
+)
 @click.version_option(package_name="hookrun", prog_name="hookrun")
 def cli() -> None:
     """hookrun: train PyTorch models from a YAML config with installable plugins."""
+
+
+class _Group(click.Group):
+    """Lists each command with its whole first line, not click's 45-character cut."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [
+            (name, (cmd.help or "").strip().split("\n")[0])
+            for name in self.list_commands(ctx)
+            if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+cli.__class__ = _Group
 
 
 config_argument = click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
@@ -99,9 +122,14 @@ def train(
         raise HookrunError(f"--resume: checkpoint not found: {resume}")
     out = loaded.work_dir
     # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
-    with workdir.hold(out, enabled=_rank() == 0, notice=_notice):
+    with _created_for(out), workdir.hold(out, enabled=rank() == 0, notice=_notice):
         leftovers = launch.check_fresh_work_dir(loaded) if resume is None else None
+        _notice(f"building task {loaded.data['task']} ...")  # importing torch takes seconds
         runner = launch.build_runner(loaded)
+        if resume not in (None, "auto"):
+            from hookrun.state import check_fit
+
+            check_fit(runner, Path(resume), resume=True)  # before anything is written
         finished = workdir.finished_position(runner) if resume == "auto" else None
         if finished is not None:
             last = runner.max_iters
@@ -116,99 +144,114 @@ def train(
             workdir.clear_finished(out)
             launch.save_resolved_config(loaded)
         if verbose:
-            _print_hook_table(runner)
+            print_hook_table(runner)
         runner.train(resume=resume)
         test = runner.test() if runner.test_dataloader is not None else None
-        _print_summary(runner, runner.last_metrics.get("val"), test)
+        print_summary(runner, loaded, runner.last_metrics.get("val"), test)
         if runner.is_main:
             workdir.mark_finished(runner)  # what `--resume auto` checks
+
+
+@contextlib.contextmanager
+def _created_for(work_dir: Path) -> Iterator[None]:
+    """A command refused with a user's mistake leaves no trace: the work dir (and parents)
+    it created, holding nothing but the lock file, are removed again."""
+    from hookrun.workdir import LOCK_NAME
+
+    missing = []
+    folder = work_dir.absolute()
+    while not folder.exists() and folder.parent != folder:
+        missing.append(folder)
+        folder = folder.parent
+    try:
+        yield
+    except HookrunError:
+        lock = missing[0] / LOCK_NAME if missing else None
+        if lock is not None and rank() == 0:
+            with contextlib.suppress(OSError):
+                if [p.name for p in lock.parent.iterdir()] == [LOCK_NAME]:
+                    lock.unlink()
+                for created in missing:
+                    created.rmdir()  # refuses a folder that holds anything else
+        raise
 
 
 def _notice(message: str) -> None:
     echo(f"[hookrun] {message}")
 
 
+checkpoint_option = click.option(
+    "--checkpoint",
+    metavar="PATH",
+    help="Checkpoint file to evaluate (default: the run's latest checkpoint in the work dir).",
+)
+
+
 @cli.command(name="val")
 @config_argument
-@click.option("--checkpoint", required=True, metavar="PATH", help="Checkpoint file to evaluate.")
+@checkpoint_option
 @set_option
 @work_dir_option
 def val_command(
-    config: Path, checkpoint: str, overrides: Sequence[str], work_dir: Path | None
+    config: Path, checkpoint: str | None, overrides: Sequence[str], work_dir: Path | None
 ) -> None:
-    """Evaluate a checkpoint on the task's val_dataloader."""
+    """Evaluate a checkpoint (default: the run's latest) on the task's val_dataloader."""
     _evaluate(config, checkpoint, overrides, work_dir, "val")
 
 
 @cli.command(name="test")
 @config_argument
-@click.option("--checkpoint", required=True, metavar="PATH", help="Checkpoint file to evaluate.")
+@checkpoint_option
 @set_option
 @work_dir_option
 def test_command(
-    config: Path, checkpoint: str, overrides: Sequence[str], work_dir: Path | None
+    config: Path, checkpoint: str | None, overrides: Sequence[str], work_dir: Path | None
 ) -> None:
-    """Evaluate a checkpoint on the task's test_dataloader."""
+    """Evaluate a checkpoint (default: the run's latest) on the task's test_dataloader."""
     _evaluate(config, checkpoint, overrides, work_dir, "test")
 
 
 def _evaluate(
-    config: Path, checkpoint: str, overrides: Sequence[str], work_dir: Path | None, mode: str
+    config: Path, checkpoint: str | None, overrides: Sequence[str], work_dir: Path | None, mode: str
 ) -> None:
     from hookrun import config as cfg
+    from hookrun import workdir
     from hookrun.launch import build_runner
 
     loaded = cfg.load(config, overrides, work_dir)
-    if not Path(checkpoint).is_file():
+    if checkpoint is not None and not Path(checkpoint).is_file():
         raise HookrunError(f"--checkpoint: file not found: {checkpoint}")
-    runner = build_runner(loaded)
-    if getattr(runner, f"{mode}_dataloader") is None:
-        raise HookrunError(f"task: {loaded.data['task']} returned no {mode}_dataloader")
-    # resume=True restores plugin state too (an EMA evaluates with its averaged weights)
-    runner.load_checkpoint(checkpoint, resume=True)
-    metrics = runner.val() if mode == "val" else runner.test()
-    _print_summary(runner, metrics if mode == "val" else None, metrics if mode == "test" else None)
+    out = loaded.work_dir
+    # the work dir's lock, as train takes it: evaluation appends to the run's logs
+    hint = "evaluate into another --work-dir"
+    with _created_for(out), workdir.hold(out, enabled=rank() == 0, hint=hint, notice=_notice):
+        _notice(f"building task {loaded.data['task']} ...")
+        runner = build_runner(loaded, training=False)
+        if getattr(runner, f"{mode}_dataloader") is None:
+            raise HookrunError(f"task: {loaded.data['task']} returned no {mode}_dataloader")
+        path = Path(checkpoint) if checkpoint is not None else _latest(runner)
+        # resume=True restores plugin state too (an EMA evaluates with its averaged weights);
+        # a file that does not fit is refused before the writers open
+        runner.load_checkpoint(path, resume=True)
+        _notice(f"evaluating {path}")
+        metrics = runner.val() if mode == "val" else runner.test()
+    val, test = (metrics, None) if mode == "val" else (None, metrics)
+    print_summary(runner, loaded, val, test)
 
 
-def _print_hook_table(runner: Any) -> None:
-    rows = [[hook, ", ".join(names)] for hook, names in runner.manager.table() if names]
-    echo(_table(rows, ["hook point", "plugins in call order"]))
+def _latest(runner: Any) -> Path:
+    """The checkpoint ``--resume auto`` would take first: the ``latest`` pointer's file, else
+    the newest in the run's checkpoint folder."""
+    from hookrun import checkpoint as ckpt_io
+    from hookrun.workdir import checkpoint_dir
 
-
-def _print_summary(
-    runner: Any, val: dict[str, float] | None, test: dict[str, float] | None
-) -> None:
-    if not runner.is_main:
-        return
-    from rich.table import Table
-
-    table = Table(title="final metrics")
-    table.add_column("metric")
-    columns = [(name, m) for name, m in (("val", val), ("test", test)) if m]
-    for name, _ in columns:
-        table.add_column(name, justify="right")
-    for key in dict.fromkeys(k for _, m in columns for k in m):
-        table.add_row(key, *(f"{m[key]:.4f}" if key in m else "" for _, m in columns))
-    console = runner.console
-    if columns:
-        console.print(table)
-    work_dir = runner.work_dir
-    console.print(f"run folder:   {work_dir}", markup=False, soft_wrap=True)
-    console.print(f"JSONL log:    {work_dir / 'log.jsonl'}", markup=False, soft_wrap=True)
-    saved = sorted(p.name for p in Path(runner.checkpoint_dir).glob("*.pt"))
-    listing = f" ({', '.join(saved)})" if saved else ""
-    console.print(f"checkpoints:  {runner.checkpoint_dir}{listing}", markup=False, soft_wrap=True)
-    console.print(
-        f"TensorBoard:  tensorboard --logdir {work_dir / 'tensorboard'}",
-        markup=False,
-        soft_wrap=True,
-    )
-
-
-def _json(data: Any) -> str:
-    import json  # imported on use: start-up time matters for `plugins list`
-
-    return json.dumps(data, indent=2)
+    folder = checkpoint_dir(runner)
+    found = ckpt_io.candidates(folder)
+    if not found:
+        raise HookrunError(
+            f"--checkpoint: none given and {folder} holds no checkpoint; give --checkpoint PATH"
+        )
+    return found[0]
 
 
 # -- plugins -------------------------------------------------------------------------------
@@ -228,10 +271,18 @@ def plugins() -> None:
 )
 def plugins_list(as_json: bool, load: bool) -> None:
     """List installed plugins; fast, from package metadata only unless --load is given."""
-    from hookrun.discovery import blocked_plugins, installed_plugins
+    from hookrun.discovery import (
+        PLUGIN_GROUP,
+        blocked_plugins,
+        clash_message,
+        clashes,
+        installed_plugins,
+    )
 
     found = installed_plugins()
     blocked = blocked_plugins()
+    for name, infos in clashes(PLUGIN_GROUP).items():
+        echo(f"warning: {clash_message('plugin', name, infos)}", err=True)
     rows: list[dict[str, Any]] = [info.as_row() for info in found.values()]
     if load:
         from hookrun.inspection import describe_plugin
@@ -239,16 +290,16 @@ def plugins_list(as_json: bool, load: bool) -> None:
         for row in rows:
             row.update(describe_plugin(row["name"], found, blocked))
     if as_json:
-        echo(_json(rows))
+        echo(to_json(rows))
         return
     if not rows:
         echo("no plugins installed (pip install hookrun-logger, hookrun-checkpoint, ...)")
         return
     header = ["name", "distribution", "version", "entry point"]
-    table = [[r["name"], r["distribution"], r["version"], r["entry_point"]] for r in rows]
+    grid = [[r["name"], r["distribution"], r["version"], r["entry_point"]] for r in rows]
     if load:
         header += ["priority", "default", "hooks", "status"]
-        for line, r in zip(table, rows, strict=True):
+        for line, r in zip(grid, rows, strict=True):
             line += [
                 "" if r["priority"] is None else str(r["priority"]),
                 {True: "on", False: "off", None: ""}[r["enabled_by_default"]],
@@ -256,24 +307,12 @@ def plugins_list(as_json: bool, load: bool) -> None:
                 r["status"],
             ]
     else:
-        for line, r in zip(table, rows, strict=True):
+        for line, r in zip(grid, rows, strict=True):
             if r["name"] in blocked:
                 line[0] += " (blocked)"
-    echo(_table(table, header))
+    echo(aligned(grid, header))
     if load:
-        _print_call_order(rows)
-
-
-def _print_call_order(rows: list[dict[str, Any]]) -> None:
-    """Each hook point with the plugins serving it in call order, then any load errors."""
-    from hookrun.inspection import call_order
-
-    table = [[hook, ", ".join(names)] for hook, names in call_order(rows)]
-    echo()
-    echo(_table(table, ["hook point", "plugins in call order (priority)"]))
-    for r in rows:
-        if r["error"]:
-            echo(f"{r['name']} ({r['distribution']}): {r['error']}", err=True)
+        print_call_order(rows)
 
 
 @plugins.command(name="show")
@@ -309,7 +348,7 @@ def plugins_show(name: str, as_json: bool) -> None:
         "settings": settings_rows(cls.Settings),
     }
     if as_json:
-        echo(_json(result))
+        echo(to_json(result))
         return
     echo(f"{name}  ({result['distribution']} {result['version']}, {result['entry_point']})")
     if doc:
@@ -358,7 +397,7 @@ def hooks(as_json: bool) -> None:
 
     entries = hook_entries()
     if as_json:
-        echo(_json(entries))
+        echo(to_json(entries))
         return
     for entry in entries:
         echo(click.style(f"{entry['name']}({', '.join(entry['arguments'])})", bold=True))
@@ -385,12 +424,52 @@ def config_validate(config: Path, overrides: Sequence[str]) -> None:
     echo(f"{config}: valid (task {loaded.data['task']}; plugins named: {', '.join(named) or '-'})")
 
 
+@cli.command()
+@config_argument
+@set_option
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="PNG",
+    help="Also draw the schedule into this PNG file (needs the plot extra: matplotlib).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Every iteration as JSON.")
+def schedule(config: Path, overrides: Sequence[str], plot: Path | None, as_json: bool) -> None:
+    """The learning rate (and momentum) over the whole run of CONFIG, without training."""
+    from hookrun import config as cfg
+    from hookrun import lr_schedule
+
+    loaded = cfg.load(config, overrides)
+    if plot is not None:
+        lr_schedule.check_plot_extra()
+    if not as_json:  # machine-readable output holds nothing else
+        _notice(f"building task {loaded.data['task']} ...")
+    steps = lr_schedule.compute(loaded)
+    if as_json:
+        echo(
+            to_json(
+                [
+                    {"iter": s.iter, "epoch": s.epoch, "lr": s.lrs, "momentum": s.momenta}
+                    for s in steps
+                ]
+            )
+        )
+    else:
+        header = ["iter", "epoch", "lr"] + (["momentum"] if any(s.momenta for s in steps) else [])
+        echo(aligned(lr_schedule.table_rows(steps), header))
+        interval = loaded.runner["scheduler_interval"]
+        echo(f"{len(steps)} iterations; the schedule steps per {interval}")
+    if plot is not None:
+        lr_schedule.plot(steps, plot, f"{config} ({len(steps)} iterations)")
+        echo(f"wrote {plot}")
+
+
 @config_group.command(name="schema")
 def config_schema() -> None:
     """Print the JSON Schema of config files, installed plugins' settings included."""
     from hookrun.schema import schema
 
-    echo(_json(schema()))
+    echo(to_json(schema()))
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -407,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        if _rank() == 0:
+        if rank() == 0:
             exc.show()
         sys.exit(EXIT_USAGE)
     except (click.exceptions.Abort, KeyboardInterrupt):
@@ -418,8 +497,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             echo(line, err=True)
         sys.exit(EXIT_USAGE)
     except CheckpointError as exc:  # a runtime failure (full disk, I/O), not a bug: one line
-        rank = f"[rank {_rank()}] " if "RANK" in os.environ else ""
-        print(f"{rank}error: {exc}", file=sys.stderr)
+        prefix = f"[rank {rank()}] " if "RANK" in os.environ else ""
+        print(f"{prefix}error: {exc}", file=sys.stderr)
         sys.exit(EXIT_FAILED)
     except Exception as exc:
         _print_failure(exc)
@@ -440,6 +519,6 @@ def _print_failure(exc: BaseException) -> None:
         and tb.tb_frame.f_code.co_filename.startswith(skipped)
     ):
         tb = tb.tb_next
-    rank = f" on rank {_rank()}" if "RANK" in os.environ else ""
-    print(f"hookrun: training failed{rank}:", file=sys.stderr)
+    where = f" on rank {rank()}" if "RANK" in os.environ else ""
+    print(f"hookrun: training failed{where}:", file=sys.stderr)
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)

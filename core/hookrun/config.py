@@ -7,6 +7,7 @@ Plugin sections are checked by the plugin manager, with each plugin's own ``Sett
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +18,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hookrun.arguments import RunnerArguments, error_lines
 from hookrun.errors import ConfigError, HookrunError, validation_lines
+from hookrun.optimizers import OptimizerConfig, SchedulerConfig
 from hookrun.schema import schema, settings_rows
-from hookrun.task import check_task, check_task_result, load_task, resolve_task_file, split_task
+from hookrun.task import (
+    check_task,
+    check_task_result,
+    load_task,
+    resolve_task_file,
+    split_task,
+    task_args_errors,
+)
 
 # the CLI, the docs and the tests import these from here
 __all__ = [
@@ -59,6 +68,14 @@ class Config(BaseModel):
         default_factory=dict,
         description="Plugin name to a settings mapping (enable and "
         "configure), true (enable with defaults) or false (disable).",
+    )
+    optimizer: OptimizerConfig | None = Field(
+        None,
+        description="The optimizer, built over the task's model: `type` and its keywords "
+        "(the task then returns none).",
+    )
+    scheduler: SchedulerConfig | None = Field(
+        None, description="The learning-rate schedule: an optional warm-up, then `main`."
     )
 
 
@@ -102,7 +119,13 @@ def load(
     errors += validate(raw, path)
     if errors:
         raise ConfigError(errors)
-    data = Config.model_validate(raw).model_dump(mode="json")
+    data = Config.model_validate(raw).model_dump(mode="json", exclude_none=False)
+    for section in ("optimizer", "scheduler"):  # keywords as given: no pydantic defaults
+        if data[section] is not None:
+            data[section] = raw[section]
+    interval = (raw.get("scheduler") or {}).get("interval")
+    if interval:  # one source: the runner steps the schedule at its section's interval
+        data["runner"]["scheduler_interval"] = interval
     return LoadedConfig(path=path, data=data)
 
 
@@ -161,16 +184,101 @@ def validate(raw: dict[str, Any], path: Path) -> list[str]:
         config = None
     task = raw.get("task")
     if isinstance(task, str) and ":" in task:
-        errors += check_task(task, path)
+        found = check_task(task, path)
+        errors += found or task_args_errors(task, path, raw.get("task_args", {}))
     runner = raw.get("runner")
     if isinstance(runner, dict) and "writers" in runner:
         from hookrun.writers import writer_errors
 
         errors += writer_errors(runner["writers"])
+    runner = runner if isinstance(runner, dict) else {}
+    if config is not None:
+        errors += device_errors(config.runner.device)
+        errors += work_dir_errors(config.runner.work_dir)
+    errors += _interval_errors(raw.get("scheduler"), runner)
+    if config is not None and config.scheduler is not None:
+        errors += _warmup_errors(config.scheduler, config.runner)
+    if "optimizer" in raw:
+        from hookrun.optimizers import optimizer_errors
+
+        errors += optimizer_errors(raw["optimizer"])
+    if "scheduler" in raw:
+        from hookrun.optimizers import scheduler_errors
+
+        errors += scheduler_errors(raw["scheduler"])
     plugins = raw.get("plugins")
     if isinstance(plugins, dict):
         errors += check_plugins(plugins)
     return errors if errors or config is not None else ["config: invalid"]
+
+
+def device_errors(device: str) -> list[str]:
+    """A device that is not here (``cuda`` without CUDA, an index beyond the GPUs, ``meta``);
+    torch is imported only for a device other than ``auto`` and ``cpu``."""
+    if device in ("auto", "cpu"):
+        return []
+    from hookrun.arguments import resolve_device
+
+    try:
+        resolve_device(device, int(os.environ.get("LOCAL_RANK", "0") or 0))
+    except ConfigError as exc:
+        return exc.lines
+    return []
+
+
+def work_dir_errors(work_dir: str) -> list[str]:
+    """Whether the run can create and write its folder: its nearest existing ancestor (or
+    itself) is a folder this process may write in, on a file system that is writable and
+    not full. Nothing is created."""
+    path = Path(work_dir).expanduser()
+    where = "runner.work_dir"
+    if path.exists() and not path.is_dir():
+        return [f"{where}: {work_dir} exists and is not a folder"]
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        return [f"{where}: cannot create {work_dir}: {existing} is a file, not a folder"]
+    try:
+        stat = os.statvfs(existing)
+    except OSError:
+        stat = None
+    if stat is not None and stat.f_flag & os.ST_RDONLY:
+        return [f"{where}: cannot write in {existing}: read-only file system"]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"{where}: cannot write in {existing}: permission denied"]
+    if stat is not None and stat.f_bavail * stat.f_frsize < 2**20:
+        return [f"{where}: no space left on the device holding {existing}"]
+    return []
+
+
+def _interval_errors(scheduler: Any, runner: dict[str, Any]) -> list[str]:
+    """The schedule's interval is said once: in ``scheduler.interval`` or the runner's."""
+    own = scheduler.get("interval") if isinstance(scheduler, dict) else None
+    other = runner.get("scheduler_interval")
+    if own and other and own != other:
+        return [
+            f"scheduler.interval: {own!r} contradicts runner.scheduler_interval {other!r}; "
+            "keep one of them"
+        ]
+    return []
+
+
+def _warmup_errors(scheduler: SchedulerConfig, runner: RunnerConfig) -> list[str]:
+    """A warm-up as long as the run, where the config alone tells (in the run's own unit)."""
+    warmup = scheduler.warmup
+    if warmup is None:
+        return []
+    if warmup.epochs is not None and runner.max_iters is None:
+        epochs = runner.max_epochs or 10
+        if warmup.epochs >= epochs:
+            return [f"scheduler.warmup.epochs: {warmup.epochs} is the whole run ({epochs} epochs)"]
+    last = runner.max_iters
+    if warmup.iters is not None and last is not None and warmup.iters >= last:
+        return [f"scheduler.warmup.iters: {warmup.iters} is the whole run ({last} iterations)"]
+    return []
 
 
 def _lines(exc: ValidationError) -> list[str]:

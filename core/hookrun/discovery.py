@@ -35,8 +35,38 @@ class EntryPointInfo:
 
 
 def installed(group: str) -> dict[str, EntryPointInfo]:
-    """Entry points of ``group`` by name, sorted; the first distribution wins a name clash."""
-    found: dict[str, EntryPointInfo] = {}
+    """Entry points of ``group`` by name, sorted; the first distribution wins a name clash
+    (:func:`scan` names them)."""
+    return scan(group)[0]
+
+
+def clashes(group: str) -> dict[str, list[EntryPointInfo]]:
+    """Names of ``group`` that two or more distributions register, with each of them."""
+    return scan(group)[1]
+
+
+def scan(group: str) -> tuple[dict[str, EntryPointInfo], dict[str, list[EntryPointInfo]]]:
+    """One pass over the entry points of ``group``: :func:`installed` and :func:`clashes`."""
+    by_name: dict[str, list[EntryPointInfo]] = {}
+    for info in _scan(group):
+        by_name.setdefault(info.name, []).append(info)
+    found = {name: infos[0] for name, infos in by_name.items()}
+    return found, {name: infos for name, infos in by_name.items() if len(infos) > 1}
+
+
+def clash_message(kind: str, name: str, infos: list[EntryPointInfo]) -> str:
+    """``plugin name 'logger' is registered by 2 distributions: a 1.0 (m:X), b 2.0 (n:Y)``."""
+    listed = ", ".join(f"{i.distribution} {i.version} ({i.value})" for i in infos)
+    return (
+        f"{kind} name {name!r} is registered by {len(infos)} distributions: {listed}; "
+        "uninstall all but one"
+    )
+
+
+def _scan(group: str) -> list[EntryPointInfo]:
+    """Every entry point of ``group``, one per distribution and name, sorted by name."""
+    seen: set[tuple[str, str]] = set()
+    found = []
     for ep in sorted(entry_points(group=group), key=lambda e: e.name):
         dist = ep.dist
         info = EntryPointInfo(
@@ -46,7 +76,9 @@ def installed(group: str) -> dict[str, EntryPointInfo]:
             value=ep.value,
             entry_point=ep,
         )
-        found.setdefault(ep.name, info)
+        if (info.name, info.distribution) not in seen:
+            seen.add((info.name, info.distribution))
+            found.append(info)
     return found
 
 

@@ -61,5 +61,6 @@ def validation_lines(exc: Any, prefix: str, fields: Iterable[str] = ()) -> list[
         elif err["type"] == "missing":
             lines.append(f"{path}: required setting is missing")
         else:
-            lines.append(f"{path}: {err['msg']} (got {err['input']!r})")
+            message = str(err["msg"]).removeprefix("Value error, ")
+            lines.append(f"{path}: {message} (got {err['input']!r})")
     return lines

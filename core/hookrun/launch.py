@@ -47,16 +47,13 @@ def checkpoint_dirs(loaded: LoadedConfig) -> list[Path]:
     return folders
 
 
-def build_runner(loaded: LoadedConfig) -> Any:
-    """Seed, build the task's objects, construct the Runner (which joins torchrun's group)."""
-    from hookrun.data import seed_all
+def build_runner(loaded: LoadedConfig, training: bool = True) -> Any:
+    """Seed, build the task's objects (:func:`hookrun.task.build_task`), construct the Runner
+    (which joins torchrun's group)."""
     from hookrun.runner import Runner
-    from hookrun.task import check_task_result, load_task
+    from hookrun.task import build_task
 
-    task = loaded.data["task"]
-    build = load_task(task, loaded.path)
-    seed_all(loaded.runner["seed"])  # before the task builds (and initialises) the model
-    objects = check_task_result(build(**loaded.data["task_args"]), task)
+    objects = build_task(loaded, training)
     hooks = objects.pop("hooks", None) or ()
     return Runner(
         **objects,

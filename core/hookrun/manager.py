@@ -14,12 +14,15 @@ import pluggy
 from pydantic import ValidationError
 
 from hookrun import hookspecs
+from hookrun.arguments import MAX_INT
 from hookrun.discovery import (
+    PLUGIN_GROUP,
     EntryPointInfo,
     autoload_enabled,
     blocked_plugins,
+    clash_message,
     did_you_mean,
-    installed_plugins,
+    scan,
     unknown_plugin_message,
 )
 from hookrun.dispatch import (
@@ -48,7 +51,8 @@ class PluginManager:
         self.pm = pluggy.PluginManager("hookrun")
         self.pm.add_hookspecs(hookspecs)
         self.where = where
-        self.installed: dict[str, EntryPointInfo] = installed_plugins()
+        self.installed: dict[str, EntryPointInfo]
+        self.installed, self.clashes = scan(PLUGIN_GROUP)
         self.load_errors: dict[str, str] = {}
         self.notices: list[str] = []
         self.stats = HookStats()
@@ -99,6 +103,7 @@ class PluginManager:
                 )
         blocked = blocked_plugins()
         autoload = autoload_enabled()
+        clashing = self.clashes
         selected: list[tuple[str, Plugin]] = []
         for name, info in self.installed.items():
             value = config.get(name)
@@ -108,6 +113,11 @@ class PluginManager:
                     self.notices.append(f"plugin {name!r} is blocked by HOOKRUN_DISABLE_PLUGINS")
                 continue
             if value is False or (not asked and not autoload):
+                continue
+            if name in clashing:  # which one would run is an accident of the install order
+                errors.append(
+                    f"{self.where}.{name}: {clash_message('plugin', name, clashing[name])}"
+                )
                 continue
             cls = self._load(name, info, asked, errors)
             if cls is None or (not asked and not cls.enabled_by_default):
@@ -158,6 +168,15 @@ class PluginManager:
             parsed = cls.Settings.model_validate(settings)
         except ValidationError as exc:
             errors.extend(validation_lines(exc, f"{self.where}.{name}", cls.Settings.model_fields))
+            return None
+        too_large = [
+            f"{self.where}.{name}.{key}: {value} is beyond the 64-bit integers torch and "
+            f"Python's C code take (at most {MAX_INT})"
+            for key, value in parsed.model_dump().items()
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT
+        ]
+        if too_large:
+            errors.extend(too_large)
             return None
         instance = cls(parsed)
         instance.priority = priority

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from hookrun.discovery import installed_plugins
 from hookrun.errors import ConfigError
 
 PYPROJECT = """\
@@ -125,6 +126,12 @@ def new_plugin(name: str, directory: str | Path = ".") -> Path:
         raise ConfigError(
             f"plugin name {name!r}: use lowercase letters, digits and underscores, "
             "starting with a letter (it is the entry-point and config key)"
+        )
+    taken = installed_plugins().get(name)
+    if taken is not None:  # the new package would replace it, silently, once installed
+        raise ConfigError(
+            f"plugin name {name!r} is taken by the installed distribution "
+            f"'{taken.distribution} {taken.version}' ({taken.value}); choose another name"
         )
     dist = "hookrun-" + name.replace("_", "-")
     package = "hookrun_" + name

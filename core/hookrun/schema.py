@@ -75,7 +75,9 @@ def settings_rows(settings_cls: type[BaseModel]) -> list[dict[str, str]]:
             {
                 "name": name,
                 "type": _type_text(prop, defs),
-                "default": "required" if field.is_required() else _yaml_text(field.default),
+                "default": "required"
+                if field.is_required()
+                else _yaml_text(field.get_default(call_default_factory=True)),
                 "constraints": _constraints(prop, defs),
                 "description": field.description or "",
             }

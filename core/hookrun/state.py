@@ -104,14 +104,9 @@ def _restore_plugins(runner: Runner, saved: dict[str, Any]) -> None:
             ) from exc
 
 
-def load_into(runner: Runner, path: Path, resume: bool) -> dict[str, Any]:
-    """Load ``path`` and restore it into ``runner`` (weights only unless ``resume``).
-
-    A file that is missing, cannot be loaded or does not fit the run raises
-    :class:`~hookrun.errors.CheckpointMismatchError`, one line naming the file and the first
-    problem of each kind, before anything of the runner is changed. Weights that are not
-    finite are restored (the user named the file) with a warning line.
-    """
+def check_fit(runner: Runner, path: Path, resume: bool) -> dict[str, Any]:
+    """The checkpoint at ``path``, loaded and found to fit ``runner``; changes nothing. The
+    CLI asks before it writes anything into the work dir."""
     if not path.is_file():
         raise CheckpointMismatchError(
             f"checkpoint not found: {path}", path=path, reason="file not found"
@@ -121,6 +116,18 @@ def load_into(runner: Runner, path: Path, resume: bool) -> dict[str, Any]:
     if problems:
         reason = f"does not fit this run: {summary(problems)}"
         raise CheckpointMismatchError(f"checkpoint {path} {reason}", path=path, reason=reason)
+    return checkpoint
+
+
+def load_into(runner: Runner, path: Path, resume: bool) -> dict[str, Any]:
+    """Load ``path`` and restore it into ``runner`` (weights only unless ``resume``).
+
+    A file that is missing, cannot be loaded or does not fit the run raises
+    :class:`~hookrun.errors.CheckpointMismatchError`, one line naming the file and the first
+    problem of each kind, before anything of the runner is changed. Weights that are not
+    finite are restored (the user named the file) with a warning line.
+    """
+    checkpoint = check_fit(runner, path, resume)
     bad = non_finite(checkpoint["model"])
     if bad:
         runner.info(f"warning: checkpoint {path} holds weights that are not finite ({bad})")

@@ -6,15 +6,21 @@ and calling it happen only for a run, and errors raised by the user's module pro
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hookrun.discovery import did_you_mean
 from hookrun.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hookrun.config import LoadedConfig
 
 #: What a task callable may return: the Runner's objects (everything else is config).
 TASK_KEYS = (
@@ -104,8 +110,12 @@ def load_task(task: str, config_path: Path) -> Any:
     return obj
 
 
-def check_task_result(result: Any, task: str) -> dict[str, Any]:
-    """The task must return a mapping of Runner objects, ``model`` included."""
+def check_task_result(
+    result: Any, task: str, declared: Mapping[str, Any] | None = None, training: bool = False
+) -> dict[str, Any]:
+    """The task must return a mapping of Runner objects, ``model`` an ``nn.Module``; an
+    optimizer or scheduler comes from the task or from the config (``declared``), not both;
+    training needs one optimizer."""
     if not isinstance(result, Mapping):
         raise ConfigError(
             f"task: {task} returned {type(result).__name__}; expected a dict with model, "
@@ -119,6 +129,210 @@ def check_task_result(result: Any, task: str) -> dict[str, Any]:
     ]
     if "model" not in result:
         errors.append(f"task: {task} returned no 'model'")
+    else:
+        from torch import nn
+
+        if not isinstance(result["model"], nn.Module):
+            errors.append(
+                f"task: {task} returned model of type {type(result['model']).__name__}; "
+                "expected a torch.nn.Module"
+            )
+    declared = declared or {}
+    for key in ("optimizer", "scheduler"):
+        if result.get(key) is not None and declared.get(key) is not None:
+            errors.append(
+                f"{key}: declared in the config and also returned by task {task}; keep one "
+                f"(drop the {key}: section, or stop returning it)"
+            )
+    if training and result.get("optimizer") is None and declared.get("optimizer") is None:
+        errors.append(
+            f"task: {task} returned no 'optimizer' and the config declares none; return one "
+            "or add an optimizer: section (type: AdamW, lr: ...)"
+        )
+    if training and result.get("train_dataloader") is None:
+        errors.append(f"task: {task} returned no 'train_dataloader'")
     if errors:
         raise ConfigError(errors)
     return dict(result)
+
+
+# -- task_args against the callable's parameters --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """What a callable accepts as keyword arguments."""
+
+    names: tuple[str, ...]
+    required: tuple[str, ...]
+    any_keyword: bool  # it has **kwargs
+
+
+def task_args_errors(task: str, config_path: Path, task_args: Any) -> list[str]:
+    """``task_args`` checked against the task callable's parameters, read from its source
+    (no user code is imported); empty when the source cannot tell (a callable made at run
+    time, a compiled module): the run checks it again with the imported callable."""
+    if not isinstance(task_args, Mapping):
+        return []
+    params = _declared_parameters(task, config_path)
+    return [] if params is None else argument_errors(task, params, task_args)
+
+
+def argument_errors(task: str, params: Parameters, task_args: Mapping[str, Any]) -> list[str]:
+    """One ``task_args.<key>`` line per unknown key (did-you-mean) and per missing one."""
+    errors = []
+    if not params.any_keyword:
+        listed = ", ".join(params.names) or "none"
+        errors += [
+            f"task_args.{key}: {task} takes no argument {key!r}"
+            f"{did_you_mean(str(key), params.names)} (arguments: {listed})"
+            for key in task_args
+            if key not in params.names
+        ]
+    errors += [
+        f"task_args.{name}: required by {task} and missing"
+        for name in params.required
+        if name not in task_args
+    ]
+    return errors
+
+
+def signature_parameters(obj: Any) -> Parameters | None:
+    """The parameters of an imported callable (None when Python cannot tell)."""
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    values = signature.parameters.values()
+    named = [p for p in values if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if any(p.kind is p.POSITIONAL_ONLY and p.default is p.empty for p in values):
+        return None  # cannot be called with keywords alone: let the call say so
+    return Parameters(
+        tuple(p.name for p in named),
+        tuple(p.name for p in named if p.default is p.empty),
+        any(p.kind is p.VAR_KEYWORD for p in values),
+    )
+
+
+def _declared_parameters(task: str, config_path: Path) -> Parameters | None:
+    target, attr = split_task(task)
+    if target.endswith(".py"):
+        file: Path | None = resolve_task_file(target, config_path)
+    else:
+        with _task_path(config_path):
+            try:
+                spec = importlib.util.find_spec(target)
+            except (ImportError, ValueError):
+                spec = None
+        origin = spec.origin if spec is not None else None
+        file = Path(origin) if origin and origin.endswith(".py") else None
+    if file is None or "." in attr:
+        return None
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None  # the import reports it
+    found = None
+    for node in tree.body:  # the last definition of the name wins, as at import
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == attr:
+                found = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.Import, ast.ImportFrom)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node]
+            if any(_binds(t, attr) for t in targets):
+                found = None  # bound some other way: only the import can tell
+    if isinstance(found, ast.ClassDef):
+        init = next(
+            (n for n in found.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"),
+            None,
+        )
+        if init is None or found.bases or found.decorator_list:
+            return None
+        return _ast_parameters(init.args, skip_first=True)
+    if found is None or found.decorator_list:
+        return None
+    return _ast_parameters(found.args, skip_first=False)
+
+
+def _binds(node: ast.AST, name: str) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id == name
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return any((a.asname or a.name.split(".")[0]) == name for a in node.names)
+    if isinstance(node, ast.AnnAssign):
+        return _binds(node.target, name)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return any(_binds(e, name) for e in node.elts)
+    return False
+
+
+def _ast_parameters(args: ast.arguments, skip_first: bool) -> Parameters | None:
+    positional = list(args.args)[1:] if skip_first else list(args.args)
+    if args.posonlyargs and len(args.defaults) < len(args.posonlyargs) + len(args.args):
+        return None
+    with_default = {a.arg for a in positional[len(positional) - len(args.defaults) :]}
+    if len(args.defaults) > len(positional):
+        with_default = {a.arg for a in positional}
+    names = [a.arg for a in positional] + [a.arg for a in args.kwonlyargs]
+    required = [a.arg for a in positional if a.arg not in with_default]
+    required += [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is None]
+    return Parameters(tuple(names), tuple(required), args.kwarg is not None)
+
+
+# -- building the run's objects -------------------------------------------------------------
+
+
+def build_task(loaded: LoadedConfig, training: bool) -> dict[str, Any]:
+    """Import and call the task (after seeding), check what it returned, and add the
+    optimizer and scheduler the config declares. ``training``: an optimizer is required."""
+    from hookrun.data import seed_all
+    from hookrun.optimizers import (
+        build_optimizer,
+        build_scheduler,
+        run_length,
+        schedule_interval,
+    )
+
+    data = loaded.data
+    task = data["task"]
+    build = load_task(task, loaded.path)
+    params = signature_parameters(build)
+    if params is not None:
+        errors = argument_errors(task, params, data["task_args"])
+        if errors:
+            raise ConfigError(errors)
+    seed_all(loaded.runner["seed"])  # before the task builds (and initialises) the model
+    declared = {key: data.get(key) for key in ("optimizer", "scheduler")}
+    objects = check_task_result(build(**data["task_args"]), task, declared, training)
+    if declared["optimizer"] is not None:
+        objects["optimizer"] = build_optimizer(objects["model"], declared["optimizer"])
+    if declared["scheduler"] is not None and (training or objects.get("train_dataloader")):
+        if objects.get("optimizer") is None:
+            raise ConfigError("scheduler: there is no optimizer to schedule")
+        runner = loaded.runner
+        interval = schedule_interval(declared["scheduler"], runner)
+        length = run_length(
+            _batches(objects.get("train_dataloader"), task),
+            runner["max_epochs"],
+            runner["max_iters"],
+            runner["grad_accum"],
+        )
+        objects["scheduler"] = build_scheduler(
+            objects["optimizer"], declared["scheduler"], length, interval
+        )
+    return objects
+
+
+def _batches(loader: Any, task: str) -> int:
+    """Batches per epoch of the train loader (per rank under torchrun)."""
+    import os
+
+    try:
+        count = len(loader)
+    except TypeError:
+        raise ConfigError(
+            f"scheduler: `auto` needs the length of task {task}'s train_dataloader, which "
+            "has none; give the scheduler's lengths as numbers"
+        ) from None
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return max(1, -(-count // world))

@@ -225,6 +225,100 @@ def make_toy_runner(tmp_path: Path) -> Callable[..., Runner]:
     return make
 
 
+TOY_TASK_SOURCE = """
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hookrun import hookimpl
+
+
+class Pause:
+    \"\"\"Holds the run in before_train until <folder>/go exists (at most a minute).\"\"\"
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+
+    @hookimpl
+    def before_train(self, runner):
+        (self.folder / "started").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 60
+        while not (self.folder / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def build(n=32, width=2, optimizer=True, pause_dir=None, fail_in_forward=False):
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g))
+    model = nn.Linear(4, width)
+    if fail_in_forward:
+        model.forward = explode
+    objects = {
+        "model": model,
+        "train_dataloader": DataLoader(data, batch_size=8),
+        "val_dataloader": DataLoader(data, batch_size=8),
+        "test_dataloader": DataLoader(data, batch_size=8),
+        "criterion": nn.CrossEntropyLoss(),
+        "metrics": {"accuracy": lambda out, y: (out.argmax(1) == y).float().mean()},
+        "hooks": [Pause(pause_dir)] if pause_dir else [],
+    }
+    if optimizer:
+        objects["optimizer"] = torch.optim.SGD(model.parameters(), lr=0.1)
+    return objects
+
+
+def explode(x):
+    raise ValueError("user code broke here")
+
+
+def wrong_keys():
+    return {"modle": nn.Linear(1, 1)}
+
+
+def a_string_model():
+    return {"model": "resnet"}
+"""
+"""The task file of CLI tests (``toytask.py``): ``build`` gives a linear model on 32 random
+samples in batches of 8; ``width`` changes the model's shape, ``optimizer=False`` leaves the
+optimizer to the config, ``pause_dir`` holds the run in ``before_train`` until
+``<pause_dir>/go`` exists, ``fail_in_forward`` raises in user code. ``wrong_keys`` and
+``a_string_model`` return what a task must not."""
+
+
+def write_toy_task(folder: str | Path, config: str = "", name: str = "toy.yaml") -> Path:
+    """Write ``toytask.py`` (:data:`TOY_TASK_SOURCE`) and a config running it into ``folder``;
+    returns the config's path. ``config`` is YAML text; the default is 2 epochs on the CPU,
+    the JSONL writer and only the checkpoint plugin."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "toytask.py").write_text(TOY_TASK_SOURCE)
+    text = config or (
+        "task: toytask.py:build\n"
+        "runner: {max_epochs: 2, device: cpu, writers: [jsonl]}\n"
+        "plugins: {checkpoint: true, logger: false, timer: false}\n"
+    )
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
+    """``hookrun ARGS`` in this process (no interpreter start, torch already imported): the
+    exit code, stdout and stderr, as a subprocess would give them."""
+    from hookrun.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    code = exited.value.code
+    return (code if isinstance(code, int) else 0 if code is None else 1), out, err
+
+
 # -- comparing states ------------------------------------------------------------------------
 
 

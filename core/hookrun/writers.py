@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hookrun.discovery import WRITER_GROUP, did_you_mean, installed
+from hookrun.discovery import WRITER_GROUP, clash_message, clashes, did_you_mean, installed
 from hookrun.errors import ConfigError
 
 
@@ -208,6 +208,10 @@ def _resolve(spec: Any) -> tuple[list[tuple[Any, dict[str, Any]]], list[str]]:
             if name not in available:
                 known = set(BUILTIN_WRITERS) | set(available)
                 errors.append(f"{where}.{name}: unknown writer{did_you_mean(name, known)}")
+                continue
+            clashing = clashes(WRITER_GROUP).get(name)
+            if clashing:
+                errors.append(f"{where}.{name}: {clash_message('writer', name, clashing)}")
                 continue
             cls = available[name].entry_point.load()
         errors += option_errors(f"{where}.{name}", cls, options)

@@ -55,31 +55,25 @@ def splits(split_seed: int = 0) -> dict[str, TensorDataset]:
 
 def build(
     batch_size: int = 64,
-    lr: float = 0.003,
-    weight_decay: float = 1e-4,
     width: int = 32,
-    epochs: int = 15,
     split_seed: int = 0,
     num_threads: int | None = 1,
 ) -> dict[str, Any]:
-    """What ``hookrun train`` needs: model, loaders, optimizer, scheduler, loss and metrics.
+    """What ``hookrun train`` needs from Python: model, loaders, loss and metrics. The
+    optimizer and its learning-rate schedule are declared in the config (``optimizer:``,
+    ``scheduler:``), so their length follows ``runner.max_epochs`` by itself.
 
-    ``epochs`` sizes the cosine schedule; keep it equal to ``runner.max_epochs``.
     ``num_threads``: convolutions this small run fastest on one CPU thread (more threads
     only add synchronisation, and stall badly on a busy machine); null keeps torch's choice.
     """
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     data = splits(split_seed)
-    model = DigitsCNN(width)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     return {
-        "model": model,
+        "model": DigitsCNN(width),
         "train_dataloader": DataLoader(data["train"], batch_size=batch_size, shuffle=True),
         "val_dataloader": DataLoader(data["val"], batch_size=256),
         "test_dataloader": DataLoader(data["test"], batch_size=256),
-        "optimizer": optimizer,
-        "scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs),
         "criterion": nn.CrossEntropyLoss(),
         "metrics": {"accuracy": accuracy},
     }

@@ -1,0 +1,157 @@
+"""``hookrun schedule``: the learning rate (and momentum) of every iteration of a run,
+computed by stepping the run's own optimizer and scheduler as the training loop does,
+without a forward or backward pass; a compact console table and an optional PNG."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hookrun.errors import HookrunError
+
+if TYPE_CHECKING:
+    import torch
+
+    from hookrun.config import LoadedConfig
+
+PLOT_EXTRA = "pip install 'hookrun[plot]'"
+
+
+def check_plot_extra() -> None:
+    """``--plot`` needs matplotlib (the ``plot`` extra): say so before any work."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise HookrunError(
+            f"--plot: needs matplotlib, which is not installed; install the extra: {PLOT_EXTRA}"
+        )
+
+
+def compute(loaded: LoadedConfig) -> list[ScheduledIter]:
+    """Build the task (model, loaders, optimizer, schedule) as ``hookrun train`` does and
+    step its schedule through the whole run."""
+    from hookrun.task import build_task
+
+    objects = build_task(loaded, training=True)
+    runner = loaded.runner
+    batches = len(objects["train_dataloader"])
+    max_iters = runner["max_iters"] or (runner["max_epochs"] or 10) * batches
+    return list(
+        simulate(
+            objects["optimizer"],
+            objects.get("scheduler"),
+            batches,
+            max_iters,
+            runner["grad_accum"],
+            runner["scheduler_interval"],
+        )
+    )
+
+
+@dataclass(frozen=True)
+class ScheduledIter:
+    """The learning rates (and momenta) one training iteration steps with."""
+
+    iter: int  # 1-based: the ``step`` a JSONL record of this iteration carries
+    epoch: int
+    lrs: tuple[float, ...]
+    momenta: tuple[float, ...]
+
+
+def simulate(
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    batches_per_epoch: int,
+    max_iters: int,
+    grad_accum: int,
+    interval: str,
+) -> Iterator[ScheduledIter]:
+    """Step ``scheduler`` as the training loop does (after each optimizer step, or after
+    each complete epoch), with no gradient and so no change to any weight; yield every
+    iteration's learning rates. ``optimizer.step()`` with no gradients is a no-op."""
+    done, epoch = 0, 0
+    while done < max_iters:
+        for batch_idx in range(batches_per_epoch):
+            groups = optimizer.param_groups
+            yield ScheduledIter(
+                done + 1,
+                epoch,
+                tuple(float(g["lr"]) for g in groups),
+                tuple(_momentum(g) for g in groups if _momentum(g) is not None),  # type: ignore[misc]
+            )
+            done += 1
+            boundary = (batch_idx + 1) % grad_accum == 0 or batch_idx + 1 == batches_per_epoch
+            if boundary and interval == "iter" and scheduler is not None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    optimizer.step()
+                    scheduler.step()
+            if done >= max_iters:
+                break
+        else:
+            if interval == "epoch" and scheduler is not None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    optimizer.step()
+                    scheduler.step()
+        epoch += 1
+
+
+def _momentum(group: Mapping[str, Any]) -> float | None:
+    if "betas" in group:
+        return float(group["betas"][0])
+    if "momentum" in group:
+        return float(group["momentum"])
+    return None
+
+
+def table_rows(steps: list[ScheduledIter], rows: int = 16) -> list[list[str]]:
+    """About ``rows`` iterations, evenly spread, with the first and last and every one at
+    which the learning rate stops rising (a warm-up's end)."""
+    if not steps:
+        return []
+    picked = {0, len(steps) - 1}
+    picked |= {round(i * (len(steps) - 1) / (rows - 1)) for i in range(rows)}
+    picked |= {
+        i for i in range(1, len(steps) - 1) if steps[i - 1].lrs < steps[i].lrs >= steps[i + 1].lrs
+    }
+    table = []
+    for i in sorted(picked):
+        step = steps[i]
+        row = [str(step.iter), str(step.epoch), _numbers(step.lrs)]
+        if any(s.momenta for s in steps):
+            row.append(_numbers(step.momenta))
+        table.append(row)
+    return table
+
+
+def plot(steps: list[ScheduledIter], path: Path, title: str) -> None:
+    """The learning rate (and momentum, on a second axis) over the run's iterations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 4))
+    iters = [s.iter for s in steps]
+    for group in range(len(steps[0].lrs) if steps else 0):
+        axis.plot(iters, [s.lrs[group] for s in steps], label=f"lr group {group}")
+    axis.set_xlabel("iteration")
+    axis.set_ylabel("learning rate")
+    axis.set_title(title)
+    if steps and steps[0].momenta:
+        other = axis.twinx()
+        other.plot(iters, [s.momenta[0] for s in steps], color="grey", linestyle="--")
+        other.set_ylabel("momentum", color="grey")
+    axis.legend(loc="upper right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _numbers(values: tuple[float, ...]) -> str:
+    shown = dict.fromkeys(f"{v:.6g}" for v in values)
+    return " / ".join(shown) if shown else "-"

@@ -1,0 +1,401 @@
+"""Every mistake a config can hold is found by validation, before any work: one line with
+its dotted path, exit 2 from the CLI, no traceback, nothing created on disk. A seeded fuzz
+of the digits example config checks that no mutation ends any other way."""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from hookrun import config as cfg
+from hookrun.errors import ConfigError
+from hookrun.testing import isolated_env, run_cli, write_toy_task
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS = ROOT / "examples" / "digits" / "config.yaml"
+
+pytestmark = pytest.mark.usefixtures("hookrun_isolated")
+
+
+def hookrun(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hookrun", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=isolated_env(),
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def errors_of(config: Path, *overrides: str) -> list[str]:
+    """The lines ``config validate`` would print (in-process); [] when valid."""
+    try:
+        cfg.load(config, overrides)
+    except ConfigError as exc:
+        return exc.lines
+    return []
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    return write_toy_task(tmp_path)
+
+
+# -- the listed mistakes, in-process -------------------------------------------------------
+
+
+def test_task_args_are_checked_against_the_task_signature(toy):
+    assert errors_of(toy, "task_args.widht=3", "task_args.n=8") == [
+        "task_args.widht: toytask.py:build takes no argument 'widht' (did you mean 'width'?) "
+        "(arguments: n, width, optimizer, pause_dir, fail_in_forward)"
+    ]
+    (toy.parent / "needs.py").write_text(
+        "def build(size, *, depth, scale=1.0, **extra):\n    return {}\n"
+    )
+    # **extra takes any key; size and depth have no default
+    assert errors_of(toy, "task=needs.py:build", "task_args.whatever=1") == [
+        "task_args.size: required by needs.py:build and missing",
+        "task_args.depth: required by needs.py:build and missing",
+    ]
+
+
+def test_a_module_task_is_read_from_its_source_without_importing_it(toy, monkeypatch):
+    (toy.parent / "side_effect_task.py").write_text(
+        "open('IMPORTED', 'w').close()\n\ndef build(batch_size=64):\n    return {}\n"
+    )
+    monkeypatch.chdir(toy.parent)
+    assert errors_of(toy, "task=side_effect_task:build", "task_args.batchsize=3") == [
+        "task_args.batchsize: side_effect_task:build takes no argument 'batchsize' "
+        "(did you mean 'batch_size'?) (arguments: batch_size)"
+    ]
+    assert not (toy.parent / "IMPORTED").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        (
+            "runner.device=meta",
+            "runner.device: 'meta' tensors hold no data, nothing can train "
+            "on them (got 'meta'); use auto or cpu",
+        ),
+        (
+            "runner.seed=100000000000000000000",
+            "runner.seed: Input should be less than "
+            "18446744073709551616 (got 100000000000000000000)",
+        ),
+        (
+            "runner.clip_grad={max_norm: 1, nrom_type: 2}",
+            "runner.clip_grad.nrom_type: unknown "
+            "key (did you mean 'norm_type'?) (keys: max_norm, norm_type)",
+        ),
+        (
+            "plugins.precise_bn.num_batches=1000000000000000000000",
+            "plugins.precise_bn."
+            "num_batches: 1000000000000000000000 is beyond the 64-bit integers torch and Python's"
+            " C code take (at most 9223372036854775807)",
+        ),
+        (
+            'runner.work_dir="runs/a\\0b"',
+            "runner.work_dir: a path cannot hold a NUL byte (got 'runs/a\\x00b')",
+        ),
+        (
+            "runner.writers={jsonl: 5}",
+            "runner.writers.jsonl: expected a mapping of options, true or false (got 5)",
+        ),
+        ("runner.writers=[1]", "runner.writers.0: expected a writer name (got 1)"),
+        (
+            "runner.grad_accum=1000000000000000000000",
+            "runner.grad_accum: Input should be less than or equal to 9223372036854775807 "
+            "(got 1000000000000000000000)",
+        ),
+    ],
+)
+def test_each_listed_mistake_is_one_line_with_its_path(toy, override, line):
+    assert errors_of(toy, override) == [line]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")
+def test_cuda_without_cuda_is_a_config_error(toy):
+    assert errors_of(toy, "runner.device=cuda:1") == [
+        "runner.device: CUDA is not available here (got 'cuda:1'); use auto or cpu"
+    ]
+
+
+def test_the_work_dirs_place_is_checked_without_creating_it(toy):
+    a_file = toy.parent / "a_file"
+    a_file.write_text("x")
+    assert errors_of(toy, f"runner.work_dir={a_file}/run/sub") == [
+        f"runner.work_dir: cannot create {a_file}/run/sub: {a_file} is a file, not a folder"
+    ]
+    assert errors_of(toy, f"runner.work_dir={a_file}") == [
+        f"runner.work_dir: {a_file} exists and is not a folder"
+    ]
+    assert not (toy.parent / "runs").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_folder_without_write_permission_is_a_config_error(toy):
+    locked = toy.parent / "locked"
+    locked.mkdir(mode=0o555)
+    assert errors_of(toy, f"runner.work_dir={locked}/run") == [
+        f"runner.work_dir: cannot write in {locked}: permission denied"
+    ]
+
+
+def test_optimizer_and_scheduler_sections_are_checked_before_any_model(toy):
+    lines = errors_of(
+        toy,
+        "optimizer={type: AdamW, lr: -1, betas: [0.9, 0.999]}",
+        "scheduler={main: {type: CosineAnealingLR, T_max: auto}}",
+    )
+    assert lines == [
+        "optimizer: AdamW refuses these values: Invalid learning rate: -1",
+        "scheduler.main.type: torch.optim.lr_scheduler has no class 'CosineAnealingLR' "
+        "(did you mean 'CosineAnnealingLR'?)",
+    ]
+    lines = errors_of(
+        toy,
+        "optimizer={type: SGD, lr: 0.1, momentun: 0.9, param_groups: [{params: '*.bias', lrr: 1}]}",
+        "scheduler={main: {type: StepLR, step_size: auto}, warmup: {}, interval: epoch}",
+        "runner.scheduler_interval=iter",
+    )
+    assert lines == [
+        "scheduler.warmup: give iters or epochs, one of them (got {})",
+        "scheduler.interval: 'epoch' contradicts runner.scheduler_interval 'iter'; keep one "
+        "of them",
+        "optimizer.momentun: SGD takes no argument 'momentun' (did you mean 'momentum'?) "
+        "(arguments: lr, momentum, dampening, weight_decay, nesterov, maximize, foreach, "
+        "differentiable, fused)",
+        "optimizer.param_groups.0.lrr: SGD takes no argument 'lrr' (did you mean 'lr'?) "
+        "(arguments: lr, momentum, dampening, weight_decay, nesterov, maximize, foreach, "
+        "differentiable, fused)",
+        "scheduler.main.step_size: `auto` only fills T_max, total_iters, total_steps, T_0",
+    ]
+    # YAML 1.1 reads 1e-3 (no dot) as text: said, with what to write instead
+    assert errors_of(toy, "optimizer={type: SGD, lr: 1e-3}", "task_args.optimizer=false") == [
+        "optimizer.lr: '1e-3' is text to YAML, not a number; write 0.001"
+    ]
+
+
+# -- through the real command line: exit 2, one line, nothing on disk ----------------------
+
+
+def test_mistakes_only_the_task_shows_are_one_line_and_leave_nothing(toy, tmp_path, capsys):
+    work = tmp_path / "runs" / "new"
+    cases = {
+        "task=toytask.py:a_string_model": [
+            "task: toytask.py:a_string_model returned model of type str; expected a "
+            "torch.nn.Module",
+            "task: toytask.py:a_string_model returned no 'optimizer' and the config declares "
+            "none; return one or add an optimizer: section (type: AdamW, lr: ...)",
+            "task: toytask.py:a_string_model returned no 'train_dataloader'",
+        ],
+        "optimizer={type: SGD, lr: 0.1}": [
+            "optimizer: declared in the config and also returned by task toytask.py:build; "
+            "keep one (drop the optimizer: section, or stop returning it)"
+        ],
+    }
+    for override, lines in cases.items():
+        code, _, err = run_cli(capsys, "train", toy, "--work-dir", work, "--set", override)
+        assert (code, err.splitlines()) == (2, lines)
+        assert not (tmp_path / "runs").exists()  # not even the lock file's folder
+
+
+def test_a_truncated_checkpoint_is_one_line_and_leaves_nothing(toy, tmp_path, capsys):
+    work = tmp_path / "run"
+    assert run_cli(capsys, "train", toy, "--work-dir", work)[0] == 0
+    whole = (work / "checkpoints" / "epoch_2.pt").read_bytes()
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(whole[: len(whole) // 2])
+    for command in ("val", "test"):
+        code, out, err = run_cli(
+            capsys, command, toy, "--checkpoint", cut, "--work-dir", tmp_path / command
+        )
+        assert (code, err) == (
+            2,
+            f"cannot load checkpoint {cut}: damaged, or not a torch.save file (reading it "
+            "failed: Invalid argument)\n",
+        )
+        assert not (tmp_path / command).exists()
+
+
+def test_a_work_dir_that_is_a_file_is_refused_before_anything(toy, tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    data = yaml.safe_load(toy.read_text())
+    data["runner"]["work_dir"] = str(a_file)
+    config = toy.parent / "file_work_dir.yaml"
+    config.write_text(yaml.safe_dump(data))
+    for extra in ([], ["--resume", "auto"]):
+        assert run_cli(capsys, "train", config, *extra) == (
+            2,
+            "",
+            f"runner.work_dir: {a_file} exists and is not a folder\n",
+        )
+    assert a_file.read_text() == "x"
+
+
+# -- the fuzz --------------------------------------------------------------------------------
+
+ODD_VALUES: list[Any] = [
+    -1,
+    0,
+    1,
+    2.5,
+    -0.5,
+    10**21,
+    2**64,
+    "",
+    "x",
+    "cuda",
+    "meta",
+    "cuda:7",
+    None,
+    True,
+    False,
+    [],
+    {},
+    [1],
+    {"x": 5},
+    "runs/a\0b",
+    float("nan"),
+    float("inf"),
+    "auto",
+    "SGD",
+]
+TOP_KEYS = ("task", "task_args", "runner", "plugins", "optimizer", "scheduler")
+
+
+def paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every key path of a nested mapping (lists indexed)."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found.append((*prefix, key))
+            found += paths(value, (*prefix, key))
+    return found
+
+
+def mutate(data: dict[str, Any], rng: random.Random, a_file: Path) -> dict[str, Any]:
+    """One to three random user mistakes: a key deleted, misspelt or added, a value
+    replaced by an odd one, a work dir below a file (task_args values are the task's own)."""
+    data = copy.deepcopy(data)
+    for _ in range(rng.randint(1, 3)):
+        where = rng.choice(paths(data))
+        parent = data
+        for key in where[:-1]:
+            parent = parent[key]
+        key = where[-1]
+        kind = rng.choice(["delete", "typo", "value", "value", "add", "work_dir"])
+        if kind == "delete" and key != "task":
+            del parent[key]
+        elif kind == "typo" and isinstance(key, str) and len(key) > 2:
+            i = rng.randrange(len(key) - 1)
+            typo = key[:i] + key[i + 1] + key[i] + key[i + 2 :]
+            parent[typo] = parent.pop(key)
+        elif kind == "value" and where[0] != "task_args":
+            parent[key] = copy.deepcopy(rng.choice(ODD_VALUES))
+        elif kind == "add" and isinstance(parent, dict):
+            parent[f"extra_{rng.randrange(100)}"] = rng.choice(ODD_VALUES)
+        elif kind == "work_dir":
+            data.setdefault("runner", {})
+            if isinstance(data["runner"], dict):
+                data["runner"]["work_dir"] = str(a_file / "run")
+    return data
+
+
+def test_a_seeded_fuzz_of_the_example_config_ends_in_lines_or_a_valid_config(
+    tmp_path, capsys, monkeypatch
+):
+    base = yaml.safe_load(DIGITS.read_text())
+    base["task"] = f"{DIGITS.parent / 'task.py'}:build"
+    base["runner"]["work_dir"] = str(tmp_path / "runs" / "digits")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    rng = random.Random(16)
+    invalid: list[tuple[Path, list[str]]] = []
+    valid: list[Path] = []
+    for i in range(200):
+        path = tmp_path / f"mutant_{i}.yaml"
+        mutant = mutate(base, rng, a_file)
+        path.write_text(yaml.safe_dump(mutant, allow_unicode=True))
+        lines = errors_of(path)  # anything but a ConfigError fails the test here
+        for line in lines:  # each starts with the dotted path of the mistake
+            head = line.split(": ", 1)[0].split(".")[0]
+            assert head in TOP_KEYS or head in mutant, line
+            assert "\n" not in line and "Traceback" not in line
+        (invalid.append((path, lines)) if lines else valid.append(path))
+    assert len(invalid) > 120 and len(valid) > 10  # the mutations hit both ways
+    assert not (tmp_path / "runs").exists()
+
+    # a sample through `hookrun train`: the same lines, exit 2, nothing created
+    cwd = tmp_path / "cwd"  # where a mutated relative work dir goes
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    for path, lines in rng.sample(invalid, 4):
+        assert run_cli(capsys, "train", path) == (2, "", "".join(f"{x}\n" for x in lines))
+    assert not (tmp_path / "runs").exists() and not any(cwd.iterdir())
+    # a valid mutant trains for a tiny budget
+    path = rng.choice(valid)
+    budget = ("--set", "runner.max_epochs=null", "--set", "runner.max_iters=22")  # > warm-up
+    result = hookrun("train", path, *budget, "--set", "runner.val_interval=22", cwd=cwd)
+    assert result.returncode == 0, (path.read_text(), result.stderr)
+
+
+# -- names two distributions register ------------------------------------------------------
+
+
+def test_a_plugin_or_writer_name_of_two_distributions_is_named_with_both(
+    make_dist, toy, tmp_path, capsys
+):
+    make_dist(
+        "my-timer",
+        "my_timer_mod",
+        "from hookrun_timer import Timer as X\n",
+        {"hookrun.plugins": {"timer": "my_timer_mod:X"}},
+    )
+    for dist in ("w-one", "w-two"):
+        make_dist(
+            dist,
+            dist.replace("-", "_"),
+            "from hookrun.writers import JsonlWriter as W\n",
+            {"hookrun.writers": {"mywriter": f"{dist.replace('-', '_')}:W"}},
+        )
+    code, out, err = run_cli(capsys, "plugins", "list")
+    assert code == 0 and "timer" in out
+    (warning,) = err.splitlines()
+    assert warning.startswith("warning: plugin name 'timer' is registered by 2 distributions: ")
+    assert "hookrun-timer 0.1.0 (hookrun_timer:Timer)" in warning
+    assert "my-timer 1.2.3 (my_timer_mod:X)" in warning and warning.endswith("all but one")
+
+    assert errors_of(toy) == []  # the toy config turns the timer off: no ambiguity
+    assert errors_of(toy, "plugins.timer=true", "runner.writers=[jsonl, mywriter]") == [
+        "runner.writers.mywriter: writer name 'mywriter' is registered by 2 distributions: "
+        "w-one 1.2.3 (w_one:W), w-two 1.2.3 (w_two:W); uninstall all but one",
+        "plugins.timer: " + warning.removeprefix("warning: "),
+    ]
+    work = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", toy, "--work-dir", work, "--set", "plugins.timer={}")
+    assert (code, err) == (2, "plugins.timer: " + warning.removeprefix("warning: ") + "\n")
+    assert not work.exists()
+
+
+def test_plugins_new_refuses_an_installed_name(tmp_path, capsys):
+    assert run_cli(capsys, "plugins", "new", "ema", "--dir", tmp_path) == (
+        2,
+        "",
+        "plugin name 'ema' is taken by the installed distribution 'hookrun-ema 0.1.0' "
+        "(hookrun_ema:EMA); choose another name\n",
+    )
+    assert not any(tmp_path.iterdir())
