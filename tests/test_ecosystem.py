@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import TOY_TASK, clean_env, run, write
+from test_cli import clean_env, run, write
+
+from hookrun.testing import TOY_TASK_SOURCE
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAD_NORM = ROOT / "examples" / "third_party" / "hookrun-grad-norm"
@@ -31,7 +33,7 @@ def test_third_party_plugin_and_writer_from_a_config_file(grad_norm_installed, t
     listed = json.loads(run("plugins", "list", "--json").stdout)
     rows = {row["name"]: row for row in listed}
     assert rows["grad_norm"]["distribution"] == "hookrun-grad-norm"
-    write(tmp_path / "toytask.py", TOY_TASK)
+    write(tmp_path / "toytask.py", TOY_TASK_SOURCE)
     config = write(
         tmp_path / "gn.yaml",
         """
@@ -85,7 +87,7 @@ def test_third_party_grad_norm_equals_torchs_total_norm(grad_norm_installed, tmp
 
 
 def test_third_party_settings_are_validated_by_name(grad_norm_installed, tmp_path):
-    write(tmp_path / "toytask.py", TOY_TASK)
+    write(tmp_path / "toytask.py", TOY_TASK_SOURCE)
     config = write(
         tmp_path / "bad.yaml",
         """
