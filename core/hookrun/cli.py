@@ -4,8 +4,8 @@ Exit codes: 0 success, 1 training failed (the traceback is shown; one line for a
 checkpoint failure such as a full disk), 2 a usage or config error, a checkpoint that cannot
 be loaded or does not fit included (one line per problem on stderr, no traceback). Only
 click and the standard library are imported at start-up; ``plugins list`` stays on
-entry-point metadata (no torch, pydantic, pluggy or plugin import). Under torchrun only rank
-0 prints.
+entry-point metadata (no torch, pydantic, pluggy or plugin import). Under torchrun or SLURM
+rank 0 prints the run's output; every rank prints its own errors, prefixed ``[rank N]``.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from typing import Any
 
 import click
 
+from hookrun.cluster import env_rank, rank_prefix
 from hookrun.errors import CheckpointError, HookrunError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _rank() -> int:
-    return int(os.environ.get("RANK", "0") or 0)
+    return env_rank()
 
 
 def echo(message: str = "", err: bool = False) -> None:
@@ -91,12 +92,10 @@ def train(
     ever overwritten; one whose run never completed an iteration is started over. With
     --resume auto, a run that is already finished is left as it is.
     """
-    from hookrun import config as cfg
     from hookrun import dist, launch, workdir
 
-    loaded = cfg.load(config, overrides, work_dir)
-    if resume not in (None, "auto") and not Path(resume).is_file():
-        raise HookrunError(f"--resume: checkpoint not found: {resume}")
+    named = {"--resume": resume} if resume not in (None, "auto") else {}
+    loaded = launch.load_everywhere(config, overrides, work_dir, named)  # type: ignore[arg-type]
     out = loaded.work_dir
     # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
     with workdir.hold(out, enabled=_rank() == 0, notice=_notice):
@@ -155,12 +154,9 @@ def test_command(
 def _evaluate(
     config: Path, checkpoint: str, overrides: Sequence[str], work_dir: Path | None, mode: str
 ) -> None:
-    from hookrun import config as cfg
-    from hookrun.launch import build_runner
+    from hookrun.launch import build_runner, load_everywhere
 
-    loaded = cfg.load(config, overrides, work_dir)
-    if not Path(checkpoint).is_file():
-        raise HookrunError(f"--checkpoint: file not found: {checkpoint}")
+    loaded = load_everywhere(config, overrides, work_dir, {"--checkpoint": checkpoint})
     runner = build_runner(loaded)
     if getattr(runner, f"{mode}_dataloader") is None:
         raise HookrunError(f"task: {loaded.data['task']} returned no {mode}_dataloader")
@@ -413,13 +409,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (click.exceptions.Abort, KeyboardInterrupt):
         echo("interrupted", err=True)
         sys.exit(130)
-    except HookrunError as exc:
+    except HookrunError as exc:  # every rank prints its own, prefixed [rank N]
         for line in exc.lines:
-            echo(line, err=True)
+            click.echo(rank_prefix() + line, err=True)
         sys.exit(EXIT_USAGE)
     except CheckpointError as exc:  # a runtime failure (full disk, I/O), not a bug: one line
-        rank = f"[rank {_rank()}] " if "RANK" in os.environ else ""
-        print(f"{rank}error: {exc}", file=sys.stderr)
+        print(f"{rank_prefix()}error: {exc}", file=sys.stderr)
         sys.exit(EXIT_FAILED)
     except Exception as exc:
         _print_failure(exc)
@@ -440,6 +435,5 @@ def _print_failure(exc: BaseException) -> None:
         and tb.tb_frame.f_code.co_filename.startswith(skipped)
     ):
         tb = tb.tb_next
-    rank = f" on rank {_rank()}" if "RANK" in os.environ else ""
-    print(f"hookrun: training failed{rank}:", file=sys.stderr)
+    print(f"{rank_prefix()}hookrun: training failed:", file=sys.stderr)
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
