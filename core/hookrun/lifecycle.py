@@ -9,15 +9,19 @@ is Ctrl-C pressed again: it raises ``KeyboardInterrupt`` at once.
 Under torch.distributed every rank must stop at the same iteration, but the signal reaches
 each rank at its own moment (or only one of them). The ranks agree at the training loop's
 report points (every ``log_interval`` iterations and at epoch ends): one integer all-reduce
-there, none in the iterations between.
+there, none in the iterations between. A rank that caught a signal and then makes no
+progress for ``dist_timeout`` seconds (it hangs, so it never reaches a boundary) ends by the
+signal then: a launcher tearing the job down (torchrun's SIGTERM after another rank failed)
+does not wait for its 30-second grace on top.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -43,10 +47,17 @@ class StopSignals:
         self.previous: dict[int, Any] = {}
         self.group: Any = None  # a gloo group for the agreement, under torch.distributed
         self.distributed = False
+        self.timeout_s = 0.0
+        self.progress: Callable[[], int] = lambda: 0
+        self.watch: threading.Event | None = None  # set: the watchdog stands down
 
-    def install(self, world_size: int, timeout_s: float) -> bool:
-        """Note the signals from now on; False when not in the main thread (nothing done)."""
+    def install(
+        self, world_size: int, timeout_s: float, progress: Callable[[], int] = lambda: 0
+    ) -> bool:
+        """Note the signals from now on; False when not in the main thread (nothing done).
+        ``progress`` counts iterations done (the hang watchdog's measure)."""
         self.caught = self.agreed = None
+        self.timeout_s, self.progress = timeout_s, progress
         if not self.numbers:
             return True
         if threading.current_thread() is not threading.main_thread():
@@ -67,6 +78,21 @@ class StopSignals:
             self.caught = signum
             if not self.distributed:
                 self.agreed = signum
+            elif self.watch is None:
+                self.watch = threading.Event()
+                args = (signum, self.watch, self.progress())
+                threading.Thread(target=self._watchdog, args=args, daemon=True).start()
+
+    def _watchdog(self, signum: int, stand_down: threading.Event, last: int) -> None:
+        """End the process by ``signum`` when a period of ``timeout_s`` passes without an
+        iteration done before this rank reached the agreement: it is hung."""
+        while not stand_down.wait(self.timeout_s):
+            now = self.progress()
+            if now == last and self.agreed is None:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(128 + signum)
+            last = now
 
     def agree(self) -> int | None:
         """Under torch.distributed, the signal any rank has caught (every rank calls this at
@@ -78,10 +104,15 @@ class StopSignals:
             flag = torch.tensor([self.caught or 0])
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
             self.agreed = int(flag.item()) or None
+        if self.agreed is not None and self.watch is not None:
+            self.watch.set()
         return self.agreed
 
     def restore(self) -> dict[int, Any]:
         """Put the previous handlers back; returns them by signal number."""
+        if self.watch is not None:
+            self.watch.set()
+            self.watch = None
         previous = {n: signal.SIG_DFL if h is None else h for n, h in self.previous.items()}
         for number, handler in previous.items():
             signal.signal(number, handler)
