@@ -29,9 +29,28 @@ SHARDED_FLAG = "hookrun_already_sharded"
 def already_sharded(loader: Any) -> Any:
     """Declare that ``loader`` already yields this rank's share (an ``IterableDataset`` that
     splits by ``torch.distributed.get_rank()``, a custom ``batch_sampler``): hookrun then
-    uses it as it is under torch.distributed instead of refusing it. Returns ``loader``."""
-    setattr(loader, SHARDED_FLAG, True)
+    uses it as it is under torch.distributed instead of refusing it. Returns ``loader``, or
+    for an object that takes no attribute (a list of batches) a re-iterable view of it."""
+    try:
+        setattr(loader, SHARDED_FLAG, True)
+    except AttributeError:
+        return _Declared(loader)
     return loader
+
+
+class _Declared:
+    """A re-iterable that cannot carry the mark of :func:`already_sharded` itself."""
+
+    hookrun_already_sharded = True
+
+    def __init__(self, iterable: Any) -> None:
+        self.iterable = iterable
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.iterable)
+
+    def __len__(self) -> int:
+        return len(self.iterable)
 
 
 class ShardedSampler(Sampler[int]):
