@@ -10,7 +10,6 @@ rank 0 prints the run's output; every rank prints its own errors, prefixed ``[ra
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -95,7 +94,7 @@ def train(
     from hookrun import dist, launch, workdir
 
     named = {"--resume": resume} if resume not in (None, "auto") else {}
-    loaded = launch.load_everywhere(config, overrides, work_dir, named)  # type: ignore[arg-type]
+    loaded = launch.load_everywhere(config, overrides, work_dir, named)
     out = loaded.work_dir
     # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
     with workdir.hold(out, enabled=_rank() == 0, notice=_notice):
