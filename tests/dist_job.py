@@ -46,9 +46,7 @@ def data(n: int, seed: int, shuffle: bool, workers: int = 0, sampler: Any = None
     x = torch.randn(n, 6, generator=g)
     y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
     dataset = Recorded(TensorDataset(x, y))
-    return DataLoader(
-        dataset, batch_size=4, shuffle=shuffle, num_workers=workers, sampler=sampler
-    )
+    return DataLoader(dataset, batch_size=4, shuffle=shuffle, num_workers=workers, sampler=sampler)
 
 
 SPLIT = torch.randperm(64, generator=torch.Generator().manual_seed(3)).tolist()

@@ -106,5 +106,7 @@ def test_sync_bn_off_cuda_is_a_config_error(tmp_path):
 
     kwargs = toy_runner_kwargs(tmp_path, model=toy_model(batch_norm=True), sync_bn=True)
     kwargs["device"] = "cpu"
-    with pytest.raises(ConfigError, match=r"^runner.sync_bn: SyncBatchNorm needs CUDA \(device is cpu\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^runner.sync_bn: SyncBatchNorm needs CUDA \(device is cpu\)$"
+    ):
         Runner(**kwargs)

@@ -8,13 +8,12 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
+import dist_job
 import pytest
 import torch
-import dist_job
 from dist_job import data, model
 from test_resume import assert_identical
 from torch import nn
@@ -278,7 +277,9 @@ def test_a_two_rank_checkpoint_continues_on_one_and_on_three_ranks(two_rank_run,
     """iter_9.pt was saved after 3 of the 6 batches of epoch 1 on 2 ranks: the samples of
     that epoch the uninterrupted run used afterwards are each seen exactly once on 1 and on
     3 ranks, and the next epoch sees every sample once."""
-    left = sorted(seen(two_rank_run, 0)["train"]["1"][12:] + seen(two_rank_run, 1)["train"]["1"][12:])
+    left = sorted(
+        seen(two_rank_run, 0)["train"]["1"][12:] + seen(two_rank_run, 1)["train"]["1"][12:]
+    )
     assert len(left) == 24
     checkpoint = two_rank_run / "checkpoints" / "iter_9.pt"
 

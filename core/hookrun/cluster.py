@@ -34,8 +34,7 @@ def slurm_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         "WORLD_SIZE": env["SLURM_NTASKS"],
         "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
         "MASTER_ADDR": env.get("MASTER_ADDR") or first_host(nodes),
-        "MASTER_PORT": env.get("MASTER_PORT")
-        or str(SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN),
+        "MASTER_PORT": env.get("MASTER_PORT") or str(SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN),
     }
 
 

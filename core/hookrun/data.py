@@ -161,11 +161,13 @@ class ResumableLoader:
         hookrun's to shard (a ``DistributedSampler`` of the user's, an already sharded
         loader)."""
         batch_sampler = self.batches.batch_sampler
-        sampler = getattr(batch_sampler, "sampler", None)
+        sampler: Any = getattr(batch_sampler, "sampler", None)
         if not isinstance(batch_sampler, BatchSampler) or not hasattr(sampler, "continue_epoch"):
             return None
         used = batches_done * batch_sampler.batch_size * saved_world
-        return int(sampler.continue_epoch(epoch, used, batch_sampler.batch_size, batch_sampler.drop_last))
+        return int(
+            sampler.continue_epoch(epoch, used, batch_sampler.batch_size, batch_sampler.drop_last)
+        )
 
 
 def loader_options(loader: DataLoader) -> dict[str, Any]:

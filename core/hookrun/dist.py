@@ -42,9 +42,7 @@ def init_from_env(timeout_s: float = 600.0) -> tuple[int, int, int]:
         torch.cuda.set_device(local_rank)
     timeout = timedelta(seconds=timeout_s)
     store = _store(env, rank, world_size, timeout)
-    dist.init_process_group(
-        backend, store=store, rank=rank, world_size=world_size, timeout=timeout
-    )
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     atexit.register(_leave_process_group)
     return rank, world_size, local_rank
 

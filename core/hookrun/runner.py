@@ -165,7 +165,11 @@ class Runner:
         (the user's samplers kept and sharded, :mod:`hookrun.sharding`)."""
         quiet = self.stop_signals.numbers  # left to the main process by loader workers
         where = (self.seed, self.rank, self.world_size)
-        loaders = {"train": make_loader(train, self.seed, train_sampler(train, "train_dataloader", *where), quiet)}
+        loaders = {
+            "train": make_loader(
+                train, self.seed, train_sampler(train, "train_dataloader", *where), quiet
+            )
+        }
         for mode, loader in (("val", val), ("test", test)):
             sampler = eval_sampler(loader, f"{mode}_dataloader", *where)
             loaders[mode] = make_loader(loader, self.seed, sampler, quiet)

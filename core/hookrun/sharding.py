@@ -70,7 +70,9 @@ class ShardedSampler(Sampler[int]):
 
     def __len__(self) -> int:
         total = len(self.sampler)  # type: ignore[arg-type]
-        return math.ceil(total / self.world) if self.pad else len(range(self.rank, total, self.world))
+        return (
+            math.ceil(total / self.world) if self.pad else len(range(self.rank, total, self.world))
+        )
 
     def __iter__(self) -> Iterator[int]:
         seed_epoch(self.sampler, self.seed, self.epoch)
