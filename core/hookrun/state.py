@@ -91,9 +91,9 @@ def _continue_on_new_world(runner: Runner, saved: int) -> str:
     line = f"checkpoint of {saved} rank(s) resumed on {runner.world_size}"
     if size:
         line += f": the global batch changes from {size * saved} to {size * runner.world_size}"
-    if pos.phase is not Phase.TRAIN or pos.batch == 0:
-        return line
-    done = None if loader is None else loader.continue_epoch(pos.epoch, pos.batch, saved)
+    if loader is None or pos.phase is not Phase.TRAIN or pos.batch == 0:
+        return line  # nothing to train (an evaluation), or the epoch is whole
+    done = loader.continue_epoch(pos.epoch, pos.batch, saved)
     if done is None:
         raise CheckpointMismatchError(
             f"cannot continue epoch {pos.epoch} mid-way on {runner.world_size} rank(s) from a "
