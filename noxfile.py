@@ -14,7 +14,14 @@ nox.options.reuse_existing_virtualenvs = True
 ROOT = Path(__file__).parent
 CONSTRAINTS = ["-c", str(ROOT / "constraints.txt")]
 PLUGINS = sorted(p for p in (ROOT / "plugins").glob("hookrun-*") if (p / "pyproject.toml").exists())
-TEST_DEPS = ["pytest>=8", "scikit-learn", "tensorboard", "numpy", "setuptools>=70"]
+TEST_DEPS = [
+    "pytest>=8",
+    "scikit-learn",
+    "tensorboard",
+    "numpy",
+    "setuptools>=70",
+    "pytorch-ignite>=0.5.5",  # the reference for early stopping and top-k checkpoints
+]
 DOCS_DEPS = ["mkdocs-material", "jsonschema"]
 
 

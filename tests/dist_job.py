@@ -2,7 +2,7 @@
 
 Usage: torchrun --nproc-per-node=2 dist_job.py WORK_DIR [--kill-at N] [--resume] [--fail-at N]
        [--term-at N] [--with-plugins | --with-checkpoint] [--subset] [--first-attempt-kill-at N]
-       [--hang-at N] [--dist-timeout S] [--resume-from PATH]
+       [--hang-at N] [--dist-timeout S] [--resume-from PATH] [--slow-rank1-data SECONDS]
 
 Every rank writes ``seen_rank{R}.json``: the dataset indices it trained on, epoch by epoch in
 order, and those of its last validation pass.
@@ -21,7 +21,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, SubsetRandomSampler, TensorDataset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    SubsetRandomSampler,
+    TensorDataset,
+    default_collate,
+)
 
 from hookrun import Runner, hookimpl
 
@@ -41,12 +47,26 @@ class Recorded(Dataset):
         return self.dataset[index]
 
 
-def data(n: int, seed: int, shuffle: bool, workers: int = 0, sampler: Any = None) -> DataLoader:
+def data(
+    n: int, seed: int, shuffle: bool, workers: int = 0, sampler: Any = None, delay: float = 0.0
+) -> DataLoader:
+    """``delay``: seconds each batch takes to load (a slow file system on one node)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 6, generator=g)
     y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
-    dataset = Recorded(TensorDataset(x, y))
-    return DataLoader(dataset, batch_size=4, shuffle=shuffle, num_workers=workers, sampler=sampler)
+
+    def collate(samples):
+        time.sleep(delay)
+        return default_collate(samples)
+
+    return DataLoader(
+        Recorded(TensorDataset(x, y)),
+        batch_size=4,
+        shuffle=shuffle,
+        num_workers=workers,
+        sampler=sampler,
+        collate_fn=collate,
+    )
 
 
 SPLIT = torch.randperm(64, generator=torch.Generator().manual_seed(3)).tolist()
@@ -134,12 +154,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--group-term-at", type=int, default=-1)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--dist-timeout", type=float, default=600.0)
+    parser.add_argument("--slow-rank1-data", type=float, default=0.0)
     args = parser.parse_args(argv)
+    delay = args.slow_rank1_data if os.environ.get("RANK") == "1" else 0.0
     net = model()
     train, val = (
         split_data()
         if args.subset
-        else (data(48, 1, shuffle=True, workers=args.workers), data(13, 2, shuffle=False))
+        else (
+            data(48, 1, shuffle=True, workers=args.workers, delay=delay),
+            data(13, 2, shuffle=False),
+        )
     )
     job = Job(args)
     runner = Runner(

@@ -8,11 +8,12 @@ is Ctrl-C pressed again: it raises ``KeyboardInterrupt`` at once.
 
 Under torch.distributed every rank must stop at the same iteration, but the signal reaches
 each rank at its own moment (or only one of them). The ranks agree at the training loop's
-report points (every ``log_interval`` iterations and at epoch ends): one integer all-reduce
-there, none in the iterations between. A rank that caught a signal and then makes no
-progress for ``dist_timeout`` seconds (it hangs, so it never reaches a boundary) ends by the
-signal then: a launcher tearing the job down (torchrun's SIGTERM after another rank failed)
-does not wait for its 30-second grace on top.
+report points (every ``log_interval`` iterations and at epoch ends), in the one small
+all-reduce the core makes there (:meth:`hookrun.reporting.Reporter.agree_ranks`), none in the
+iterations between. A rank that caught a signal and then makes no progress for
+``dist_timeout`` seconds (it hangs, so it never reaches a report point) ends by the signal
+then: a launcher tearing the job down (torchrun's SIGTERM after another rank failed) does not
+wait for its 30-second grace on top.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Any
 
 UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
@@ -45,17 +45,16 @@ class StopSignals:
         self.caught: int | None = None  # the first stop signal this process received
         self.agreed: int | None = None  # the stop every rank acts on (None: keep training)
         self.previous: dict[int, Any] = {}
-        self.group: Any = None  # a gloo group for the agreement, under torch.distributed
-        self.distributed = False
+        self.distributed = False  # then a caught signal only counts once the ranks agree
         self.timeout_s = 0.0
         self.progress: Callable[[], int] = lambda: 0
         self.watch: threading.Event | None = None  # set: the watchdog stands down
 
     def install(
-        self, world_size: int, timeout_s: float, progress: Callable[[], int] = lambda: 0
+        self, world_size: int, timeout_s: float = 600.0, progress: Callable[[], int] = lambda: 0
     ) -> bool:
         """Note the signals from now on; False when not in the main thread (nothing done).
-        ``progress`` counts iterations done (the hang watchdog's measure)."""
+        ``timeout_s`` and ``progress`` (iterations done) are the hang watchdog's measures."""
         self.caught = self.agreed = None
         self.timeout_s, self.progress = timeout_s, progress
         if not self.numbers:
@@ -63,10 +62,6 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return False
         self.distributed = world_size > 1
-        if self.distributed and self.group is None:
-            import torch.distributed as dist
-
-            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         for number in self.numbers:
             self.previous[number] = signal.signal(number, self._note)
         return True
@@ -85,7 +80,7 @@ class StopSignals:
 
     def _watchdog(self, signum: int, stand_down: threading.Event, last: int) -> None:
         """End the process by ``signum`` when a period of ``timeout_s`` passes without an
-        iteration done before this rank reached the agreement: it is hung."""
+        iteration done before the ranks agreed on the stop: this rank is hung."""
         while not stand_down.wait(self.timeout_s):
             now = self.progress()
             if now == last and self.agreed is None:
@@ -94,19 +89,13 @@ class StopSignals:
                 os._exit(128 + signum)
             last = now
 
-    def agree(self) -> int | None:
-        """Under torch.distributed, the signal any rank has caught (every rank calls this at
-        the same iterations); in one process what was caught."""
-        if self.distributed and self.agreed is None and self.group is not None:
-            import torch
-            import torch.distributed as dist
-
-            flag = torch.tensor([self.caught or 0])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-            self.agreed = int(flag.item()) or None
+    def settle(self, signum: int) -> None:
+        """Under torch.distributed: the largest signal number any rank caught (0: none), as
+        the ranks agreed at a report point; the first agreement stands."""
+        if self.agreed is None and signum:
+            self.agreed = signum
         if self.agreed is not None and self.watch is not None:
-            self.watch.set()
-        return self.agreed
+            self.watch.set()  # this rank reached the agreement: not hung
 
     def restore(self) -> dict[int, Any]:
         """Put the previous handlers back; returns them by signal number."""
