@@ -287,9 +287,10 @@ def test_usage_errors_exit_2_without_traceback(tmp_path):
     assert missing.stderr.strip() == f"{tmp_path / 'nope.yaml'}: config file not found"
 
 
-def test_only_rank_0_prints(tmp_path):
-    result = run("config", "validate", tmp_path / "nope.yaml", RANK="1")
-    assert result.returncode == 2 and result.stderr == ""
+def test_every_rank_prints_its_own_error_prefixed(tmp_path):
+    result = run("config", "validate", tmp_path / "nope.yaml", RANK="1", WORLD_SIZE="2")
+    assert result.returncode == 2
+    assert result.stderr == f"[rank 1] {tmp_path / 'nope.yaml'}: config file not found\n"
 
 
 def test_python_m_hookrun_is_the_same_cli():

@@ -1,14 +1,17 @@
-"""torch.distributed with real processes: torchrun, gloo, two ranks."""
+"""torch.distributed with real processes: torchrun and SLURM-style tasks, gloo, 1 to 3 ranks.
+Every launch is bounded by a timeout."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import dist_job
 import pytest
 import torch
 from dist_job import data, model
@@ -16,19 +19,26 @@ from test_resume import assert_identical
 from torch import nn
 
 from hookrun import Runner
+from hookrun.testing import isolated_env
 
 JOB = Path(__file__).with_name("dist_job.py")
 
 
 def torchrun(
-    work_dir: Path, *args: str, timeout: float = 240, new_session: bool = False
+    work_dir: Path,
+    *args: str,
+    timeout: float = 240,
+    new_session: bool = False,
+    nproc: int = 2,
+    restarts: int = 0,
 ) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
-        "--nproc-per-node=2",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={restarts}",
         str(JOB),
         str(work_dir),
         *args,
@@ -152,3 +162,191 @@ def test_timer_and_logger_report_from_rank_0_with_the_slowest_data_time(tmp_path
     assert all(line["train/data_time_max"] >= 0.03 for line in train), train
     assert all(line["train/data_time"] < line["train/data_time_max"] for line in train), train
     assert proc.stdout.count("Overall training speed") == 1
+
+
+# -- clusters (issue 18) ---------------------------------------------------------------------
+
+
+def slurm_tasks(
+    commands: list[list[str]], timeout: float = 120, cwd: Path | None = None
+) -> tuple[list[subprocess.CompletedProcess], float]:
+    """Start one process per command with the variables ``srun`` sets for a task (no
+    torchrun); the port is given as a user would override it. Returns their results, in rank
+    order, and the seconds until the last one ended; all are killed at ``timeout``."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    start = time.monotonic()
+    procs = []
+    for rank, command in enumerate(commands):
+        env = isolated_env({**os.environ, "OMP_NUM_THREADS": "1"})
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(key, None)
+        env.update(
+            SLURM_PROCID=str(rank),
+            SLURM_NTASKS=str(len(commands)),
+            SLURM_LOCALID=str(rank),
+            SLURM_JOB_ID="4242",
+            SLURM_JOB_NODELIST="localhost",
+            MASTER_PORT=str(port),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *command],
+                env=env,
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    results = []
+    try:
+        for proc in procs:
+            left = max(1.0, timeout - (time.monotonic() - start))
+            out, err = proc.communicate(timeout=left)
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results, time.monotonic() - start
+
+
+def seen(work_dir: Path, rank: int) -> dict:
+    return json.loads((work_dir / f"seen_rank{rank}.json").read_text())
+
+
+def test_slurm_tasks_form_one_job_and_a_subset_sampler_split_stays_split(tmp_path):
+    """Two processes with SLURM's variables form one 2-rank job; a SubsetRandomSampler
+    train/val split trains and validates on the same indices as one process does."""
+    job = tmp_path / "slurm"
+    results, _ = slurm_tasks([[str(JOB), str(job), "--subset"]] * 2)
+    for proc in results:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0 = torch.load(job / "rank0.pt", weights_only=True)
+    rank1 = torch.load(job / "rank1.pt", weights_only=True)
+    assert rank0["world_size"] == rank1["world_size"] == 2
+    for name, tensor in rank0["weights"].items():
+        assert torch.equal(tensor, rank1["weights"][name]), name
+    assert len(list((job / "tensorboard").glob("events.out.tfevents.*"))) == 1
+
+    single = tmp_path / "single"
+    threads = torch.get_num_threads()
+    try:
+        dist_job.main([str(single), "--subset"])
+    finally:
+        torch.set_num_threads(threads)
+    alone, ranks = seen(single, 0), [seen(job, 0), seen(job, 1)]
+    assert sorted(alone["train"]) == ["0", "1", "2"]
+    for epoch, order in alone["train"].items():
+        assert sorted(order) == dist_job.TRAIN_SPLIT  # each training sample once per epoch
+        # the same epoch order as one process, dealt out in turn
+        assert ranks[0]["train"][epoch] == order[0::2]
+        assert ranks[1]["train"][epoch] == order[1::2]
+    assert sorted(alone["val"]) == dist_job.VAL_SPLIT
+    assert sorted(ranks[0]["val"] + ranks[1]["val"]) == dist_job.VAL_SPLIT
+
+    # the 2-rank metrics are those of one process evaluating the validation split
+    net = model()
+    net.load_state_dict(rank0["weights"])
+    runner = Runner(
+        net,
+        val_dataloader=dist_job.split_data()[1],
+        criterion=nn.CrossEntropyLoss(),
+        metrics={"accuracy": lambda out, y: (out.argmax(1) == y).float().mean()},
+        writers=(),
+        work_dir=tmp_path / "eval",
+    )
+    expected = runner.val()
+    for key, value in expected.items():
+        assert rank0["metrics"][key] == pytest.approx(value, rel=1e-6)
+
+
+def test_torchrun_restart_after_a_killed_rank_finishes_bit_identical(two_rank_run, tmp_path):
+    """``torchrun --max-restarts=1 ... --resume auto``: rank 1 is SIGKILLed at iteration 7
+    in the first attempt; the second attempt forms a new group and resumes from iter_6.
+    ``python tests/dist_restarts.py`` repeats this 5 times and prints how many succeed."""
+    work = tmp_path / "restarted"
+    proc = torchrun(work, "--resume", "--first-attempt-kill-at", "7", restarts=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout and "iter_6.pt" in proc.stdout
+    assert_identical(two_rank_run / "final.pt", work / "final.pt")
+
+
+def test_a_two_rank_checkpoint_continues_on_one_and_on_three_ranks(two_rank_run, tmp_path):
+    """iter_9.pt was saved after 3 of the 6 batches of epoch 1 on 2 ranks: the samples of
+    that epoch the uninterrupted run used afterwards are each seen exactly once on 1 and on
+    3 ranks, and the next epoch sees every sample once."""
+    left = sorted(
+        seen(two_rank_run, 0)["train"]["1"][12:] + seen(two_rank_run, 1)["train"]["1"][12:]
+    )
+    assert len(left) == 24
+    checkpoint = two_rank_run / "checkpoints" / "iter_9.pt"
+
+    three = tmp_path / "three"
+    proc = torchrun(three, "--resume-from", str(checkpoint), nproc=3)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the global batch changes from 8 to 12" in proc.stdout
+    ranks = [seen(three, r)["train"] for r in range(3)]
+    assert sorted(sum((r["1"] for r in ranks), [])) == left
+    assert sorted(sum((r["2"] for r in ranks), [])) == list(range(48))
+
+    one = tmp_path / "one"
+    threads = torch.get_num_threads()
+    try:
+        dist_job.main([str(one), "--resume-from", str(checkpoint)])
+    finally:
+        torch.set_num_threads(threads)
+    alone = seen(one, 0)["train"]
+    assert sorted(alone["1"]) == left
+    assert sorted(alone["2"]) == list(range(48))
+
+
+def test_a_hung_rank_ends_the_job_within_dist_timeout(tmp_path):
+    """Rank 1 sleeps in a hook: rank 0's collective fails after ``dist_timeout``; the hung
+    rank, given torchrun's SIGTERM, ends once it made no progress for ``dist_timeout``."""
+    start = time.monotonic()
+    proc = torchrun(tmp_path, "--hang-at", "4", "--dist-timeout", "15", timeout=120)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert elapsed < 60, elapsed  # start-up, 15 s, and not torchrun's 30 s grace on top
+    assert "Timed out waiting 15000ms" in proc.stderr  # rank 0's collective, bounded
+    assert not (tmp_path / "final.pt").exists()
+
+
+TASK = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+def build():
+    data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+    model = nn.Linear(4, 2)
+    return {
+        "model": model,
+        "train_dataloader": DataLoader(data, batch_size=4),
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "criterion": nn.CrossEntropyLoss(),
+    }
+"""
+
+
+def test_a_missing_resume_path_on_rank_1_ends_every_rank_with_exit_2(tmp_path):
+    (tmp_path / "task.py").write_text(TASK)
+    config = tmp_path / "run.yaml"
+    config.write_text("task: task.py:build\nrunner: {max_epochs: 1, writers: []}\n")
+    work = tmp_path / "work"
+    common = ["-m", "hookrun", "train", str(config), "--work-dir", str(work)]
+    missing = tmp_path / "nope.pt"
+    results, elapsed = slurm_tasks(
+        [[*common, "--resume", "auto"], [*common, "--resume", str(missing)]], timeout=90
+    )
+    assert [proc.returncode for proc in results] == [2, 2], [p.stderr for p in results]
+    assert elapsed < 60
+    assert results[1].stderr.strip() == f"[rank 1] --resume: file not found: {missing}"
+    assert results[0].stderr.strip() == (
+        f"[rank 0] stopped: rank 1 failed: --resume: file not found: {missing}"
+    )
+    assert not work.exists()

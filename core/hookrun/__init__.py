@@ -36,6 +36,7 @@ _EXPORTS = {
     "mix_seed": "hookrun.data",
     "loader_options": "hookrun.data",
     "atomic_write_text": "hookrun.checkpoint",
+    "already_sharded": "hookrun.sharding",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from hookrun.plugin import hookimpl as hookimpl
     from hookrun.runner import Runner as Runner
     from hookrun.scalars import ScalarStore as ScalarStore
+    from hookrun.sharding import already_sharded as already_sharded
     from hookrun.steps import batch_size as batch_size
     from hookrun.surface import RunnerProtocol as RunnerProtocol
     from hookrun.timefmt import format_duration as format_duration

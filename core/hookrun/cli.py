@@ -4,14 +4,13 @@ Exit codes: 0 success, 1 training failed (the traceback is shown; one line for a
 checkpoint failure such as a full disk), 2 a usage or config error, a checkpoint that cannot
 be loaded or does not fit included (one line per problem on stderr, no traceback). Only
 click and the standard library are imported at start-up; ``plugins list`` stays on
-entry-point metadata (no torch, pydantic, pluggy or plugin import). Under torchrun only rank
-0 prints.
+entry-point metadata (no torch, pydantic, pluggy or plugin import). Under torchrun or SLURM
+rank 0 prints the run's output; every rank prints its own errors, prefixed ``[rank N]``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import click
 
+from hookrun.cluster import rank_prefix
 from hookrun.console import (
     aligned,
     echo,
@@ -114,12 +114,10 @@ def train(
     ever overwritten; one whose run never completed an iteration is started over. With
     --resume auto, a run that is already finished is left as it is.
     """
-    from hookrun import config as cfg
     from hookrun import dist, launch, workdir
 
-    loaded = cfg.load(config, overrides, work_dir)
-    if resume not in (None, "auto") and not Path(resume).is_file():
-        raise HookrunError(f"--resume: checkpoint not found: {resume}")
+    named = {"--resume": resume} if resume not in (None, "auto") else {}
+    loaded = launch.load_everywhere(config, overrides, work_dir, named)
     out = loaded.work_dir
     # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
     with _created_for(out), workdir.hold(out, enabled=rank() == 0, notice=_notice):
@@ -214,13 +212,11 @@ def test_command(
 def _evaluate(
     config: Path, checkpoint: str | None, overrides: Sequence[str], work_dir: Path | None, mode: str
 ) -> None:
-    from hookrun import config as cfg
     from hookrun import workdir
-    from hookrun.launch import build_runner
+    from hookrun.launch import build_runner, load_everywhere
 
-    loaded = cfg.load(config, overrides, work_dir)
-    if checkpoint is not None and not Path(checkpoint).is_file():
-        raise HookrunError(f"--checkpoint: file not found: {checkpoint}")
+    named = {"--checkpoint": checkpoint} if checkpoint is not None else {}
+    loaded = load_everywhere(config, overrides, work_dir, named)
     out = loaded.work_dir
     # the work dir's lock, as train takes it: evaluation appends to the run's logs
     hint = "evaluate into another --work-dir"
@@ -492,13 +488,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (click.exceptions.Abort, KeyboardInterrupt):
         echo("interrupted", err=True)
         sys.exit(130)
-    except HookrunError as exc:
+    except HookrunError as exc:  # every rank prints its own, prefixed [rank N]
         for line in exc.lines:
-            echo(line, err=True)
+            click.echo(rank_prefix() + line, err=True)
         sys.exit(EXIT_USAGE)
     except CheckpointError as exc:  # a runtime failure (full disk, I/O), not a bug: one line
-        prefix = f"[rank {rank()}] " if "RANK" in os.environ else ""
-        print(f"{prefix}error: {exc}", file=sys.stderr)
+        print(f"{rank_prefix()}error: {exc}", file=sys.stderr)
         sys.exit(EXIT_FAILED)
     except Exception as exc:
         _print_failure(exc)
@@ -519,6 +514,5 @@ def _print_failure(exc: BaseException) -> None:
         and tb.tb_frame.f_code.co_filename.startswith(skipped)
     ):
         tb = tb.tb_next
-    where = f" on rank {rank()}" if "RANK" in os.environ else ""
-    print(f"hookrun: training failed{where}:", file=sys.stderr)
+    print(f"{rank_prefix()}hookrun: training failed:", file=sys.stderr)
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)

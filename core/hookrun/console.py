@@ -4,15 +4,17 @@ must start fast); rich is imported where a summary is printed."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import click
 
+from hookrun.cluster import env_rank
+
 
 def rank() -> int:
-    return int(os.environ.get("RANK", "0") or 0)
+    """This process's rank by the launcher's environment (torchrun or SLURM)."""
+    return env_rank()
 
 
 def echo(message: str = "", err: bool = False) -> None:

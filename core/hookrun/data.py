@@ -41,6 +41,15 @@ def seed_all(seed: int) -> None:
         sys.modules["numpy"].random.seed(seed % (1 << 32))
 
 
+def seed_epoch(sampler: Any, seed: int, epoch: int) -> None:
+    """Fix ``sampler``'s order for ``epoch``: a ``generator`` attribute gets one seeded from
+    (seed, epoch), a ``set_epoch`` method is told the epoch (None and others: nothing)."""
+    if hasattr(sampler, "generator"):
+        sampler.generator = torch.Generator().manual_seed(mix_seed(seed, epoch))
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+
+
 class SeededBatch(list):
     """A batch of dataset indices carrying the seed for its augmentation."""
 
@@ -94,12 +103,7 @@ class EpochBatches(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         epoch, skip = self.epoch, self.skip
         for obj in (getattr(self.batch_sampler, "sampler", None), self.batch_sampler):
-            if obj is None:
-                continue
-            if hasattr(obj, "generator"):
-                obj.generator = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
-            if hasattr(obj, "set_epoch"):
-                obj.set_epoch(epoch)
+            seed_epoch(obj, self.seed, epoch)
         batches = itertools.islice(iter(self.batch_sampler), skip, None)
         if not self.seeded:
             yield from batches
@@ -149,6 +153,21 @@ class ResumableLoader:
         self.batches.epoch = epoch
         self.batches.skip = skip
         return iter(self.loader)
+
+    def continue_epoch(self, epoch: int, batches_done: int, saved_world: int) -> int | None:
+        """Continue ``epoch`` after ``batches_done`` batches of each of ``saved_world`` ranks
+        (the samples they used, on this run's ranks; see :mod:`hookrun.sharding`). Returns
+        the batches of the epoch to count as done here; None when the sampler is not
+        hookrun's to shard (a ``DistributedSampler`` of the user's, an already sharded
+        loader)."""
+        batch_sampler = self.batches.batch_sampler
+        sampler: Any = getattr(batch_sampler, "sampler", None)
+        if not isinstance(batch_sampler, BatchSampler) or not hasattr(sampler, "continue_epoch"):
+            return None
+        used = batches_done * batch_sampler.batch_size * saved_world
+        return int(
+            sampler.continue_epoch(epoch, used, batch_sampler.batch_size, batch_sampler.drop_last)
+        )
 
 
 def loader_options(loader: DataLoader) -> dict[str, Any]:
@@ -213,41 +232,3 @@ def make_loader(
     ):
         return ResumableLoader(loader, seed, sampler, quiet_signals)
     return PlainLoader(loader)
-
-
-class ShardSampler(Sampler[int]):
-    """Every ``world_size``-th index from ``rank``, without padding: evaluation under
-    torch.distributed sees each sample exactly once, so metrics are not biased."""
-
-    def __init__(self, length: int, rank: int, world_size: int) -> None:
-        self.indices = list(range(rank, length, world_size))
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
-
-
-def train_sampler(loader: Any, seed: int) -> Sampler[int] | None:
-    """A ``DistributedSampler`` under torch.distributed when the loader has none (shuffle
-    kept as the user asked); re-seeded each epoch through ``set_epoch``."""
-    from torch.utils.data import DistributedSampler, RandomSampler
-
-    from hookrun.dist import get_world_size
-
-    if get_world_size() == 1 or not isinstance(loader, DataLoader) or loader.batch_size is None:
-        return None
-    if isinstance(loader.sampler, DistributedSampler):
-        return None
-    shuffle = isinstance(loader.sampler, RandomSampler)
-    return DistributedSampler(loader.dataset, shuffle=shuffle, seed=seed)
-
-
-def shard_sampler(loader: Any) -> Sampler[int] | None:
-    """An evaluation shard per rank under torch.distributed (see :class:`ShardSampler`)."""
-    from hookrun.dist import get_rank, get_world_size
-
-    if get_world_size() == 1 or not isinstance(loader, DataLoader):
-        return None
-    return ShardSampler(len(loader.dataset), get_rank(), get_world_size())  # type: ignore[arg-type]

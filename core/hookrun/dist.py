@@ -1,38 +1,67 @@
-"""torch.distributed helpers: set up from torchrun's environment, rank checks, reductions."""
+"""torch.distributed helpers: set up from the launcher's environment, rank checks, reductions,
+errors agreed across ranks."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from hookrun import cluster
+from hookrun.errors import HookrunError
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def init_from_env(timeout_s: float = 300.0) -> tuple[int, int, int]:
-    """Join the process group torchrun describes (nccl with CUDA, gloo without).
+def init_from_env(timeout_s: float = 600.0) -> tuple[int, int, int]:
+    """Join the process group the launcher describes (torchrun, or ``srun`` under SLURM:
+    see :mod:`hookrun.cluster`), nccl with CUDA, gloo without; ``timeout_s`` bounds its
+    creation and every collective on it.
 
-    Returns ``(rank, world_size, local_rank)``; ``(0, 1, 0)`` outside torchrun.
+    Returns ``(rank, world_size, local_rank)``; ``(0, 1, 0)`` outside a launch.
     """
+    env = cluster.launch_env()
+    local_rank = int(env.get("LOCAL_RANK", "0"))
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        return dist.get_rank(), dist.get_world_size(), local_rank
+    world_size = int(env.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return 0, 1, 0
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    os.environ.update(env)  # SLURM's under torchrun's names, for torch and the user's code
+    rank = int(env["RANK"])
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    store = _store(env, rank, world_size, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     atexit.register(_leave_process_group)
-    return dist.get_rank(), dist.get_world_size(), local_rank
+    return rank, world_size, local_rank
+
+
+def _store(env: dict[str, str], rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+    """The rendezvous store, its keys prefixed by torchrun's attempt number: a restarted
+    attempt must not read the addresses the dead attempt left in the agent's store. Under
+    torchrun the agent hosts the store; otherwise (SLURM) rank 0 does."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    tcp = dist.TCPStore(
+        env["MASTER_ADDR"],
+        int(env["MASTER_PORT"]),
+        world_size,
+        is_master=rank == 0 and not agent,
+        timeout=timeout,
+        wait_for_workers=False,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"hookrun/attempt_{attempt}", tcp)
 
 
 def _leave_process_group() -> None:
@@ -109,3 +138,41 @@ def rank_zero_only(fn: F) -> F:
         return fn(*args, **kwargs) if get_rank() == 0 else None
 
     return wrapper  # type: ignore[return-value]
+
+
+class PeerFailed(RuntimeError):
+    """Another rank failed (not with a user mistake) where the ranks compare their errors."""
+
+
+@contextlib.contextmanager
+def errors_agreed() -> Iterator[None]:
+    """Run a block of checks on every rank, then compare: when the block failed on any rank,
+    every rank fails, so no rank goes on to wait for a rank that has given up.
+
+    A rank that failed re-raises its own error; the others raise one line naming the first
+    rank that failed, a :class:`~hookrun.errors.HookrunError` when that rank's error was a
+    user mistake (exit code 2 from the CLI on every rank), :class:`PeerFailed` otherwise.
+    One gather of a short string: for set-up checks, never in a training iteration.
+    """
+    if not is_distributed():
+        yield
+        return
+    error: BaseException | None = None
+    try:
+        yield
+    except Exception as exc:
+        error = exc
+    mine = None if error is None else (isinstance(error, HookrunError), _first_line(error))
+    found = all_gather_object(mine)
+    if error is not None:
+        raise error
+    for rank, entry in enumerate(found):
+        if entry is not None:
+            user, line = entry
+            message = f"stopped: rank {rank} failed: {line}"
+            raise HookrunError(message) if user else PeerFailed(message)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -3,6 +3,7 @@ resolved config. What ``hookrun train|val|test`` do before the Runner takes over
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,46 @@ import yaml
 
 from hookrun.config import LoadedConfig
 from hookrun.errors import HookrunError
+
+DEFAULT_DIST_TIMEOUT = 600.0
+"""Seconds to wait for the process group when this rank's config did not load (its own
+``runner.dist_timeout`` unknown): long enough for the other ranks to join and hear why."""
+
+
+def load_everywhere(
+    config: Path, overrides: Sequence[str], work_dir: Path | None, files: Mapping[str, str]
+) -> LoadedConfig:
+    """Load the config and check that the named ``files`` (option to path) exist.
+
+    In a multi-process launch every rank then joins the process group (bounded by the
+    config's ``runner.dist_timeout``) and the ranks compare what they found: a mistake on
+    any rank (a path missing on one node) ends every rank with its own ``[rank N]`` line,
+    instead of leaving the others waiting for the group.
+    """
+    from hookrun import config as cfg
+    from hookrun.cluster import env_world_size
+
+    error: HookrunError | None = None
+    loaded = None
+    try:
+        loaded = cfg.load(config, overrides, work_dir)
+        for option, path in files.items():
+            if not Path(path).is_file():
+                raise HookrunError(f"{option}: file not found: {path}")
+    except HookrunError as exc:
+        if env_world_size() == 1:
+            raise
+        error = exc
+    if env_world_size() > 1:
+        from hookrun import dist
+
+        timeout = loaded.runner["dist_timeout"] if loaded is not None else DEFAULT_DIST_TIMEOUT
+        dist.init_from_env(timeout)
+        with dist.errors_agreed():
+            if error is not None:
+                raise error
+    assert loaded is not None
+    return loaded
 
 
 def check_fresh_work_dir(loaded: LoadedConfig) -> list[Path] | None:
@@ -49,11 +90,13 @@ def checkpoint_dirs(loaded: LoadedConfig) -> list[Path]:
 
 def build_runner(loaded: LoadedConfig, training: bool = True) -> Any:
     """Seed, build the task's objects (:func:`hookrun.task.build_task`), construct the Runner
-    (which joins torchrun's group)."""
+    (which joins the launch's process group unless :func:`load_everywhere` did)."""
+    from hookrun.dist import errors_agreed
     from hookrun.runner import Runner
     from hookrun.task import build_task
 
-    objects = build_task(loaded, training)
+    with errors_agreed():  # a task that fails on one rank ends every rank
+        objects = build_task(loaded, training)
     hooks = objects.pop("hooks", None) or ()
     return Runner(
         **objects,

@@ -10,15 +10,19 @@ Under torch.distributed every rank must stop at the same iteration, but the sign
 each rank at its own moment (or only one of them). The ranks agree at the training loop's
 report points (every ``log_interval`` iterations and at epoch ends), in the one small
 all-reduce the core makes there (:meth:`hookrun.reporting.Reporter.agree_ranks`), none in the
-iterations between.
+iterations between. A rank that caught a signal and then makes no progress for
+``dist_timeout`` seconds (it hangs, so it never reaches a report point) ends by the signal
+then: a launcher tearing the job down (torchrun's SIGTERM after another rank failed) does not
+wait for its 30-second grace on top.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
@@ -42,10 +46,17 @@ class StopSignals:
         self.agreed: int | None = None  # the stop every rank acts on (None: keep training)
         self.previous: dict[int, Any] = {}
         self.distributed = False  # then a caught signal only counts once the ranks agree
+        self.timeout_s = 0.0
+        self.progress: Callable[[], int] = lambda: 0
+        self.watch: threading.Event | None = None  # set: the watchdog stands down
 
-    def install(self, world_size: int) -> bool:
-        """Note the signals from now on; False when not in the main thread (nothing done)."""
+    def install(
+        self, world_size: int, timeout_s: float = 600.0, progress: Callable[[], int] = lambda: 0
+    ) -> bool:
+        """Note the signals from now on; False when not in the main thread (nothing done).
+        ``timeout_s`` and ``progress`` (iterations done) are the hang watchdog's measures."""
         self.caught = self.agreed = None
+        self.timeout_s, self.progress = timeout_s, progress
         if not self.numbers:
             return True
         if threading.current_thread() is not threading.main_thread():
@@ -62,15 +73,35 @@ class StopSignals:
             self.caught = signum
             if not self.distributed:
                 self.agreed = signum
+            elif self.watch is None:
+                self.watch = threading.Event()
+                args = (signum, self.watch, self.progress())
+                threading.Thread(target=self._watchdog, args=args, daemon=True).start()
+
+    def _watchdog(self, signum: int, stand_down: threading.Event, last: int) -> None:
+        """End the process by ``signum`` when a period of ``timeout_s`` passes without an
+        iteration done before the ranks agreed on the stop: this rank is hung."""
+        while not stand_down.wait(self.timeout_s):
+            now = self.progress()
+            if now == last and self.agreed is None:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(128 + signum)
+            last = now
 
     def settle(self, signum: int) -> None:
         """Under torch.distributed: the largest signal number any rank caught (0: none), as
         the ranks agreed at a report point; the first agreement stands."""
         if self.agreed is None and signum:
             self.agreed = signum
+        if self.agreed is not None and self.watch is not None:
+            self.watch.set()  # this rank reached the agreement: not hung
 
     def restore(self) -> dict[int, Any]:
         """Put the previous handlers back; returns them by signal number."""
+        if self.watch is not None:
+            self.watch.set()
+            self.watch = None
         previous = {n: signal.SIG_DFL if h is None else h for n, h in self.previous.items()}
         for number, handler in previous.items():
             signal.signal(number, handler)

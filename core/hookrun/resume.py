@@ -69,6 +69,24 @@ def fit_problems(runner: Runner, checkpoint: Mapping[str, Any], resume: bool) ->
     return problems
 
 
+def disagreement(resumed: list[tuple[str | None, int]]) -> str | None:
+    """The line that says the ranks did not all resume from the same checkpoint, given each
+    rank's (file name or None for a fresh start, iteration), in rank order; None when they
+    agree. Ranks that read different folders (no shared storage) would otherwise run out of
+    step until a collective fails."""
+    if all(entry == resumed[0] for entry in resumed):
+        return None
+    seen = [
+        f"rank {rank} {name or 'nothing (fresh start)'} at iteration {it}"
+        for rank, (name, it) in enumerate(resumed)
+    ]
+    return (
+        "ranks resumed from different checkpoints: "
+        + ", ".join(seen)
+        + "; every rank must read the same checkpoint folder (shared storage)"
+    )
+
+
 def summary(problems: list[str]) -> str:
     """``problems`` on one line."""
     return "; ".join(problems)

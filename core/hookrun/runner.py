@@ -20,7 +20,7 @@ from hookrun import dist, workdir
 from hookrun import state as run_state
 from hookrun.arguments import check_arguments, resolve_device
 from hookrun.clock import IterationClock
-from hookrun.data import make_loader, seed_all, shard_sampler, train_sampler
+from hookrun.data import make_loader, seed_all
 from hookrun.dispatch import HookStats
 from hookrun.errors import CheckpointError, ConfigError
 from hookrun.lifecycle import DEFAULT_STOP_SIGNALS, StopSignals
@@ -30,6 +30,7 @@ from hookrun.manager import PluginManager
 from hookrun.optim_step import OptimizerStep
 from hookrun.reporting import Reporter
 from hookrun.scalars import ScalarStore
+from hookrun.sharding import eval_sampler, train_sampler
 from hookrun.steps import check_convention, to_device
 from hookrun.writers import Writer, open_writers, resolve_writers
 
@@ -94,15 +95,21 @@ class Runner:
         )
         if strategy == "fsdp":
             raise ConfigError("runner.strategy: 'fsdp' is not available in this version")
-        check_convention(model, criterion)
         self.seed = seed
         seed_all(seed)
         self.rank, self.world_size, local_rank = dist.init_from_env(dist_timeout)
-        self.device = resolve_device(device, local_rank)
-        if amp == "fp16" and self.device.type != "cuda":
-            raise ConfigError("runner.amp: 'fp16' needs a CUDA device; use 'bf16' on CPU")
-        if sync_bn and self.device.type != "cuda":
-            raise ConfigError(f"runner.sync_bn: SyncBatchNorm needs CUDA (device is {self.device})")
+        self.stop_signals = StopSignals(args.stop_signals)
+        self.dist_timeout = dist_timeout
+        with dist.errors_agreed():  # a mistake found on one rank ends every rank
+            check_convention(model, criterion)
+            self.device = resolve_device(device, local_rank)
+            if amp == "fp16" and self.device.type != "cuda":
+                raise ConfigError("runner.amp: 'fp16' needs a CUDA device; use 'bf16' on CPU")
+            if sync_bn and self.device.type != "cuda":
+                raise ConfigError(
+                    f"runner.sync_bn: SyncBatchNorm needs CUDA (device is {self.device})"
+                )
+            self._loaders = self._wrap_loaders(train_dataloader, val_dataloader, test_dataloader)
         if sync_bn and self.world_size > 1:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self.unwrapped_model = model.to(self.device)
@@ -118,16 +125,6 @@ class Runner:
         self.train_dataloader = train_dataloader
         self.val_dataloader = val_dataloader
         self.test_dataloader = test_dataloader
-        self.stop_signals = StopSignals(args.stop_signals)
-        self.dist_timeout = dist_timeout
-        quiet = self.stop_signals.numbers  # left to the main process by loader workers
-        self._loaders = {
-            "train": make_loader(
-                train_dataloader, seed, train_sampler(train_dataloader, seed), quiet
-            ),
-            "val": make_loader(val_dataloader, seed, shard_sampler(val_dataloader), quiet),
-            "test": make_loader(test_dataloader, seed, shard_sampler(test_dataloader), quiet),
-        }
         self.max_epochs = max_epochs if max_epochs is not None or max_iters else 10
         self._max_iters = max_iters
         self.by_epoch = max_iters is None
@@ -162,6 +159,21 @@ class Runner:
         self.reporter = Reporter(self, log_interval)
         self.clock = IterationClock()
         self._depth = 0
+
+    def _wrap_loaders(self, train: Any, val: Any, test: Any) -> dict[str, Any]:
+        """The loaders as the loops use them: resumable, each rank's share of the samples
+        (the user's samplers kept and sharded, :mod:`hookrun.sharding`)."""
+        quiet = self.stop_signals.numbers  # left to the main process by loader workers
+        where = (self.seed, self.rank, self.world_size)
+        loaders = {
+            "train": make_loader(
+                train, self.seed, train_sampler(train, "train_dataloader", *where), quiet
+            )
+        }
+        for mode, loader in (("val", val), ("test", test)):
+            sampler = eval_sampler(loader, f"{mode}_dataloader", *where)
+            loaders[mode] = make_loader(loader, self.seed, sampler, quiet)
+        return loaders
 
     # -- counters and helpers ------------------------------------------------------------
 
@@ -274,7 +286,7 @@ class Runner:
         if self._loaders["train"] is None or self.optimizer is None:
             raise ConfigError("runner.train: train_dataloader and optimizer are required")
         stop = self.stop_signals
-        if not stop.install(self.world_size):
+        if not stop.install(self.world_size, self.dist_timeout, lambda: self.position.iter):
             self.info("not in the main thread: stop signals are left alone")
         # one run per work dir: another process's lock is refused before the writers open
         lock = workdir.hold(self.work_dir, self.is_main, "use another work_dir", self.info)
@@ -302,9 +314,8 @@ class Runner:
 
     def evaluate(self, dataloader: Iterable[Any], mode: str = "val") -> dict[str, float]:
         """Metrics of ``dataloader`` without calling any hook (for plugins that need a pass)."""
-        loader = make_loader(
-            dataloader, self.seed, shard_sampler(dataloader), self.stop_signals.numbers
-        )
+        sampler = eval_sampler(dataloader, "dataloader", self.seed, self.rank, self.world_size)
+        loader = make_loader(dataloader, self.seed, sampler, self.stop_signals.numbers)
         return evaluate(self, loader, mode, hooks=False)
 
     # -- checkpoints ---------------------------------------------------------------------

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from hookrun import checkpoint as ckpt_io
 from hookrun import dist
 from hookrun.errors import CheckpointError, CheckpointMismatchError
-from hookrun.loop import LoopPosition
-from hookrun.resume import fit_problems, non_finite, summary
+from hookrun.loop import LoopPosition, Phase
+from hookrun.resume import disagreement, fit_problems, non_finite, summary
 
 if TYPE_CHECKING:
     from hookrun.runner import Runner
@@ -78,8 +78,31 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
     runner.position = LoopPosition.from_state(checkpoint["loop"])
     ranks = checkpoint.get("rng_ranks") or [checkpoint["rng"]]
     if len(ranks) != runner.world_size:
-        runner.info(f"checkpoint of {len(ranks)} process(es): rank 0's RNG streams used")
+        runner.info(_continue_on_new_world(runner, len(ranks)) + "; rank 0's RNG streams used")
     ckpt_io.set_rng_state(ranks[runner.rank] if len(ranks) == runner.world_size else ranks[0])
+
+
+def _continue_on_new_world(runner: Runner, saved: int) -> str:
+    """Move a mid-epoch position saved by ``saved`` ranks to this run's ranks: the epoch goes
+    on after the samples the saved ranks used (:mod:`hookrun.sharding`). Returns the line
+    that says so; the global batch changes with the number of ranks."""
+    pos, loader = runner.position, runner._loaders["train"]
+    size = getattr(getattr(loader, "original", None), "batch_size", None)
+    line = f"checkpoint of {saved} rank(s) resumed on {runner.world_size}"
+    if size:
+        line += f": the global batch changes from {size * saved} to {size * runner.world_size}"
+    if loader is None or pos.phase is not Phase.TRAIN or pos.batch == 0:
+        return line  # nothing to train (an evaluation), or the epoch is whole
+    done = loader.continue_epoch(pos.epoch, pos.batch, saved)
+    if done is None:
+        raise CheckpointMismatchError(
+            f"cannot continue epoch {pos.epoch} mid-way on {runner.world_size} rank(s) from a "
+            f"checkpoint of {saved}: the train_dataloader's sampling is its own (not hookrun's "
+            f"to shard); resume on {saved} rank(s) or from an epoch-end checkpoint"
+        )
+    used = min(pos.batch * (size or 0) * saved, len(loader.original.sampler))
+    pos.batch = done
+    return line + f"; epoch {pos.epoch} continues after {used} of its samples"
 
 
 class PluginStateError(Exception):
@@ -142,14 +165,22 @@ def load_into(runner: Runner, path: Path, resume: bool) -> dict[str, Any]:
 
 
 def resume(runner: Runner, resume: str | Path) -> None:
-    """Continue from ``resume``: a path, or "auto" (see :func:`resume_auto`)."""
-    if str(resume) == "auto":
-        resume_auto(runner)
-        return
-    path = Path(resume)
-    load_into(runner, path, resume=True)
-    runner.resumed_from = path
-    runner.info(f"resumed from {path} at iteration {runner.iter}")
+    """Continue from ``resume``: a path, or "auto" (see :func:`resume_auto`). Under
+    torch.distributed a checkpoint refused on any rank stops every rank, and the ranks
+    check that they all continue from the same checkpoint."""
+    with dist.errors_agreed():
+        if str(resume) == "auto":
+            resume_auto(runner)
+        else:
+            path = Path(resume)
+            load_into(runner, path, resume=True)
+            runner.resumed_from = path
+            runner.info(f"resumed from {path} at iteration {runner.iter}")
+    if runner.world_size > 1:
+        name = runner.resumed_from.name if runner.resumed_from is not None else None
+        problem = disagreement(dist.all_gather_object((name, runner.position.iter)))
+        if problem:
+            raise CheckpointMismatchError(problem, reason=problem)
 
 
 def resume_auto(runner: Runner) -> Path | None:
