@@ -772,5 +772,21 @@ def check_plugin_conformance(
         run(name, Path(tmp_path) / check, docs_page)
 
 
+def _main(argv: Sequence[str]) -> None:
+    """The harness's subprocess. A ``KeyboardInterrupt`` (a re-delivered SIGINT) ends it by
+    SIGINT itself: Python means to, but torch's exit hook ``dump_compile_times`` makes the
+    interpreter exit 1 instead when ``tabulate`` is installed."""
+    try:
+        resume_job(argv[1], **json.loads(argv[2]))
+    except KeyboardInterrupt:
+        import traceback
+
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
 if __name__ == "__main__":
-    resume_job(sys.argv[1], **json.loads(sys.argv[2]))
+    _main(sys.argv)

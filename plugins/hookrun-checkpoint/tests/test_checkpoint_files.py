@@ -289,9 +289,9 @@ def test_sigterm_handler_is_for_the_run_only_and_the_signal_is_passed_on(
         ),
         (
             {"save_best": "bleh"},
-            "plugins.checkpoint.rule: Value error, cannot tell from the metric name 'bleh'",
+            "plugins.checkpoint.rule: cannot tell from the metric name 'bleh'",
         ),
-        ({"save_best": []}, "plugins.checkpoint.save_best: Value error, give at least one metric"),
+        ({"save_best": []}, "plugins.checkpoint.save_best: give at least one metric"),
         ({"keep": 3}, "plugins.checkpoint.keep: unknown setting"),
     ],
 )

@@ -34,7 +34,7 @@ def test_save_best_named_metric_without_a_rule_is_a_config_error(make_runner: Ca
     with pytest.raises(HookrunError) as error:
         metric_runner(make_runner, {"save_best": "distance", "rule": "auto"}, "distance")
     assert str(error.value) == (
-        "plugins.checkpoint.rule: Value error, cannot tell from the metric name 'distance' "
+        "plugins.checkpoint.rule: cannot tell from the metric name 'distance' "
         "whether greater or less is better; set rule: greater or rule: less (got 'auto')"
     )
 

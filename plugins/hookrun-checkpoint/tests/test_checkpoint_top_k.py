@@ -110,7 +110,7 @@ def test_top_k_needs_save_best(make_runner: Callable) -> None:
     with pytest.raises(PluginError) as error:
         make_runner({"save_top_k": 2})
     assert error.value.lines == [
-        "plugins.checkpoint.save_top_k: Value error, needs save_best: the metric whose best "
+        "plugins.checkpoint.save_top_k: needs save_best: the metric whose best "
         "checkpoints are kept (got 2)"
     ]
 

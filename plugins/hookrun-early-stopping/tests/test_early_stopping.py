@@ -201,7 +201,7 @@ def test_no_validation_is_an_error_before_training(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("settings", "line"),
     [
-        ({"monitor": "distance"}, "plugins.early_stopping.rule: Value error, cannot tell from "
+        ({"monitor": "distance"}, "plugins.early_stopping.rule: cannot tell from "
          "the metric name 'distance' whether greater or less is better; set rule: greater or "
          "rule: less (got 'auto')"),
         ({"patience": 0}, "plugins.early_stopping.patience: Input should be greater than or "
