@@ -35,8 +35,9 @@ class NanGuardSettings(PluginSettings):
     action: Literal["skip", "stop", "raise"] = Field(
         "skip",
         description="What a non-finite step does: `skip` leaves the weights as they are and "
-        "goes on; `stop` skips it and ends training (`stop_training`); `raise` fails the run "
-        "(exit 1) naming the iteration and the first non-finite tensors.",
+        "goes on; `stop` skips it and ends training (`stop_training`); `raise` skips it and "
+        "fails the run (exit 1) at the end of that iteration, naming it and the first "
+        "non-finite tensors.",
     )
     max_consecutive: int | None = Field(
         10,
@@ -87,12 +88,17 @@ class NanGuard(Plugin[NanGuardSettings]):
         self.pending: torch.Tensor | None = None  # check_every > 1: bad steps since last read
         self.pending_since = 0  # the iteration of the first step in ``pending``
         self.params: list[tuple[str, torch.Tensor]] = []
+        self.failure: str | None = None  # raised at the end of the iteration whose step it skipped
 
     def unused_hooks(self, runner: RunnerProtocol) -> set[str]:
-        """The loss is only collected where it is part of the decision."""
-        if self.checks_loss(runner):
-            return set()
-        return {"before_backward"}
+        """The loss is only collected where it is part of the decision; ``after_train_iter``
+        only raises."""
+        s = self.settings
+        unused = set() if self.checks_loss(runner) else {"before_backward"}
+        escalates = s.action == "skip" and s.max_consecutive is not None
+        if s.action != "raise" and not (escalates and s.escalate == "raise"):
+            unused.add("after_train_iter")
+        return unused
 
     def checks_loss(self, runner: RunnerProtocol) -> bool:
         return self.settings.check_loss and runner.world_size == 1 and runner.scaler is None
@@ -135,6 +141,14 @@ class NanGuard(Plugin[NanGuardSettings]):
         if self.steps % self.settings.check_every == 0:
             self.read_pending(runner)
         return None
+
+    @hookimpl
+    def after_train_iter(self) -> None:
+        """Fail the run at the end of the iteration whose step was skipped: the position
+        then counts it, so an emergency checkpoint is consistent, and finite."""
+        failure, self.failure = self.failure, None
+        if failure is not None:
+            raise NonFiniteError(failure)
 
     @hookimpl
     def before_save_checkpoint(self, runner: RunnerProtocol, checkpoint: dict[str, Any]) -> None:
@@ -188,12 +202,12 @@ class NanGuard(Plugin[NanGuardSettings]):
         if action == "skip" and limit is not None and self.consecutive > limit:
             action = s.escalate
         what = self.describe(runner, finite)
-        if action == "raise":
-            raise NonFiniteError(
+        self.skipped += 1
+        if action == "raise":  # after the iteration: an emergency save then holds its end
+            self.failure = (
                 f"nan_guard: non-finite step at iteration {runner.iter} "
                 f"({self.consecutive} in a row): {what}"
             )
-        self.skipped += 1
         if action == "stop":
             runner.stop_training = True
             runner.info(
