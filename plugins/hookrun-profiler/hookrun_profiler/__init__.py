@@ -13,6 +13,7 @@ summary printed on rank 0 and written to the JSONL log at the end of training.
 from __future__ import annotations
 
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -89,6 +90,7 @@ class Profiler(Plugin[ProfilerSettings]):
 
     def __init__(self, settings: ProfilerSettings | None = None) -> None:
         super().__init__(settings)
+        self.schedule: Callable[[int], ProfilerAction] = schedule(self.settings)
         self.windows: list[tuple[int, int, int]] = []  # (warm-up start, active start, end)
         self.profile: torch.profiler.profile | None = None
         self.window: tuple[int, int, int] | None = None
@@ -105,9 +107,10 @@ class Profiler(Plugin[ProfilerSettings]):
         s = self.settings
         self.out_dir, self.rank, self.info = runner.work_dir / "profiler", runner.rank, runner.info
         self.device_time = "cuda" in activity_names(s.activities, runner.device)
-        self.windows = windows(s, runner.max_iters)
+        self.schedule = schedule(s)
+        self.windows = windows(self.schedule, runner.max_iters + s.warmup + s.active)
         start = runner.iter
-        self.windows = [w for w in self.windows if w[2] > start]
+        self.windows = [w for w in self.windows if w[2] > start and w[0] < runner.max_iters]
         beyond = [w for w in self.windows if w[2] > runner.max_iters]
         if beyond:
             first, _, end = beyond[0]
@@ -121,25 +124,25 @@ class Profiler(Plugin[ProfilerSettings]):
             )
         self.plan_next(start)
         if self.next_start == start:
-            self.open(runner)
+            self.open(runner, start)
 
     @hookimpl
     def after_train_iter(self, runner: RunnerProtocol) -> None:
         done = runner.iter + 1
         if self.profile is not None:
             assert self.window is not None
-            if done >= self.window[2]:
-                self.close(runner)
+            if done >= self.window[2] or runner.is_last_iter() or runner.stop_training:
+                self.close(done)
             else:
                 self.profile.step()
         if self.profile is None and done == self.next_start:
-            self.open(runner)
+            self.open(runner, done)
 
     @hookimpl
     def after_train(self, runner: RunnerProtocol) -> None:
         """A window cut short by the end of training (or a stop) is still written."""
         if self.profile is not None:
-            self.close(runner)
+            self.close(runner.iter)
         if self.ops and runner.is_main:
             self.report(runner)
 
@@ -156,37 +159,35 @@ class Profiler(Plugin[ProfilerSettings]):
         upcoming = [w for w in self.windows if w[2] > done]
         self.next_start = max(upcoming[0][0], done) if upcoming else -1
 
-    def open(self, runner: RunnerProtocol) -> None:
-        """Start a profiler for the window starting now (with its own schedule: warm-up,
-        then active, the last active iteration saving)."""
+    def open(self, runner: RunnerProtocol, first: int) -> None:
+        """Start a profiler for the window whose iteration ``first`` comes next."""
         s = self.settings
-        first = runner.iter
-        warmup_start, active_start, end = next(w for w in self.windows if w[2] > first)
-        self.window = (warmup_start, active_start, end)
-        warm, active = max(active_start - first, 0), end - max(active_start, first)
+        self.window = next(w for w in self.windows if w[2] > first)
         memory = s.profile_memory or s.memory_timeline
         self.profile = torch.profiler.profile(
             activities=activities(s.activities, runner.device),
-            # without warm-up left, recording starts at once (a schedule would warn)
-            schedule=torch.profiler.schedule(wait=0, warmup=warm, active=active, repeat=1)
-            if warm
-            else None,
+            schedule=self.schedule,
             record_shapes=s.record_shapes or s.memory_timeline,
             profile_memory=memory,
             with_stack=s.with_stack or s.memory_timeline,
             with_flops=s.with_flops,
         )
+        # the profiler counts the run's iterations: its schedule and its ProfilerStep#<N>
+        # spans (in the traces) then follow the global iteration, not the window's
+        self.profile.step_num = first
+        self.profile.current_action = self.schedule(first)
         self.profile.start()
 
-    def close(self, runner: RunnerProtocol) -> None:
-        """Stop the window's profiler, save what it recorded and forget it."""
+    def close(self, done: int) -> None:
+        """Stop the window's profiler after ``done`` iterations of the run, save what it
+        recorded and forget it."""
         profile, window = self.profile, self.window
         assert profile is not None and window is not None
         self.profile = self.window = None
         profile.stop()
-        done = runner.iter + 1
         if done > window[1]:  # not cut short during its warm-up: something was recorded
             self.save(profile, window[1], min(done, window[2]) - 1)
+        self.windows = [w for w in self.windows if w[0] >= done]  # a window is profiled once
         self.plan_next(done)
 
     def save(self, profile: torch.profiler.profile, first: int, last: int) -> None:
@@ -244,21 +245,25 @@ class Profiler(Plugin[ProfilerSettings]):
         self.ops = {name: [int(r[0]), float(r[1]), float(r[2])] for name, r in state["ops"].items()}
 
 
-def windows(s: ProfilerSettings, max_iters: int) -> list[tuple[int, int, int]]:
-    """(warm-up start, active start, end) of each window ``torch.profiler.schedule`` gives
-    over the run's iterations; the last may reach past the run's end."""
-    schedule = torch.profiler.schedule(
-        wait=s.wait, warmup=s.warmup, active=s.active, repeat=s.repeat, skip_first=s.skip_first
-    )
+def schedule(s: ProfilerSettings) -> Callable[[int], ProfilerAction]:
+    """``torch.profiler.schedule`` of the settings: what each iteration of the run does."""
+    with warnings.catch_warnings():  # "won't be using warmup": the docs page says it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.profiler.schedule(
+            wait=s.wait, warmup=s.warmup, active=s.active, repeat=s.repeat, skip_first=s.skip_first
+        )
+
+
+def windows(plan: Callable[[int], ProfilerAction], steps: int) -> list[tuple[int, int, int]]:
+    """(warm-up start, active start, end) of each whole window ``plan`` gives within the
+    first ``steps`` iterations."""
     out: list[tuple[int, int, int]] = []
     start = active = None
-    for step in range(max_iters + s.warmup + s.active):
-        action = schedule(step)
+    for step in range(steps):
+        action = plan(step)
         if action is ProfilerAction.NONE:
             continue
         if start is None:
-            if step >= max_iters:
-                break
             start = step
         if active is None and action is not ProfilerAction.WARMUP:
             active = step
