@@ -3,14 +3,13 @@
 The scalars are gauges computed when the core reads its report: between reports the plugin
 does nothing, so it adds no per-iteration hook call and no host-device sync. On an
 accelerator they are the caching allocator's counters (no sync needed to read them); on the
-CPU the process's resident set size from ``/proc/self/statm`` and its peak from
-``getrusage``. Under torch.distributed every rank reads its own at each report iteration
+CPU the process's resident set size and its peak (``VmRSS``, ``VmHWM`` of
+``/proc/self/status``). Under torch.distributed every rank reads its own at each report iteration
 and one all-reduce takes the maximum over ranks, rank 0 reporting it.
 """
 
 from __future__ import annotations
 
-import os
 import resource
 import sys
 from collections.abc import Callable
@@ -187,16 +186,29 @@ def keys_for(device: torch.device) -> tuple[str, ...]:
 
 
 def rss_mib() -> float:
-    """The resident set size now: ``/proc/self/statm`` where there is one, else the peak."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as statm:
-            pages = int(statm.read().split()[1])
-    except (OSError, IndexError, ValueError):
-        return max_rss_mib()
-    return pages * os.sysconf("SC_PAGE_SIZE") / MIB
+    """The resident set size now (``VmRSS``), or the peak where ``/proc`` has none."""
+    return proc_status().get("VmRSS", max_rss_mib())
 
 
 def max_rss_mib() -> float:
-    """The process's peak resident set size (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    """The process's peak resident set size: ``VmHWM`` (the same accounting as ``VmRSS``),
+    else ``getrusage`` (KiB on Linux, bytes on macOS)."""
+    if "VmHWM" in (status := proc_status()):
+        return status["VmHWM"]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / MIB if sys.platform == "darwin" else peak / 1024
+
+
+def proc_status() -> dict[str, float]:
+    """``VmRSS`` and ``VmHWM`` of ``/proc/self/status`` in MiB (empty without ``/proc``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            lines = status.read().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM") and value.strip().endswith("kB"):
+            found[key] = int(value.split()[0]) / 1024
+    return found
