@@ -13,29 +13,19 @@ from __future__ import annotations
 import resource
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as torch_dist
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from hookrun import Plugin, PluginSettings, RunnerProtocol, hookimpl
 
-__all__ = ["EmptyCache", "Memory", "MemorySettings"]
+__all__ = ["Memory", "MemorySettings"]
 
 MIB = 2**20
 ACCELERATOR_KEYS = ("allocated", "max_allocated", "reserved")
 CPU_KEYS = ("rss", "max_rss")
-
-
-class EmptyCache(BaseModel):
-    """When ``torch.cuda.empty_cache()`` (the accelerator's) runs, as MMCV's EmptyCacheHook."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    before_epoch: bool = Field(False, description="Before each training epoch.")
-    after_epoch: bool = Field(False, description="After each training epoch.")
-    after_iter: bool = Field(False, description="After every training iteration.")
 
 
 class MemorySettings(PluginSettings):
@@ -52,11 +42,11 @@ class MemorySettings(PluginSettings):
         description="`max_allocated` is the peak since the previous report (true) or since "
         "training started (false). The CPU's `max_rss` is always the process's peak.",
     )
-    empty_cache: EmptyCache = Field(
-        EmptyCache.model_validate({}),
-        description="`{before_epoch, after_epoch, after_iter}`: release the allocator's "
-        "unused cached blocks at those points (MMCV's EmptyCacheHook); on the CPU a no-op "
-        "with a one-time notice.",
+    empty_cache: list[Literal["before_epoch", "after_epoch", "after_iter"]] = Field(
+        [],
+        description="When to release the allocator's unused cached blocks, any of "
+        "`before_epoch`, `after_epoch`, `after_iter` (MMCV's EmptyCacheHook); on the CPU a "
+        "no-op with a one-time notice.",
     )
 
 
@@ -76,16 +66,11 @@ class Memory(Plugin[MemorySettings]):
 
     def unused_hooks(self, runner: RunnerProtocol) -> set[str]:
         """Only what is asked for runs: cache emptying, and per-report reductions under DDP."""
-        flags = self.settings.empty_cache
+        when = self.settings.empty_cache
         unused = {
-            hook
-            for hook, wanted in (
-                ("before_train_epoch", flags.before_epoch),
-                ("after_train_epoch", flags.after_epoch),
-            )
-            if not wanted
+            f"{hook}_train_epoch" for hook in ("before", "after") if f"{hook}_epoch" not in when
         }
-        if not (flags.after_iter or (self.settings.scalars and runner.world_size > 1)):
+        if not ("after_iter" in when or (self.settings.scalars and runner.world_size > 1)):
             unused.add("after_train_iter")
         return unused
 
@@ -105,15 +90,17 @@ class Memory(Plugin[MemorySettings]):
 
     @hookimpl
     def before_train_epoch(self, runner: RunnerProtocol) -> None:
-        self.empty_cache(runner)
+        if "before_epoch" in self.settings.empty_cache:
+            self.empty_cache(runner)
 
     @hookimpl
     def after_train_epoch(self, runner: RunnerProtocol) -> None:
-        self.empty_cache(runner)
+        if "after_epoch" in self.settings.empty_cache:
+            self.empty_cache(runner)
 
     @hookimpl
     def after_train_iter(self, runner: RunnerProtocol) -> None:
-        if self.settings.empty_cache.after_iter:
+        if "after_iter" in self.settings.empty_cache:
             self.empty_cache(runner)
         reports = runner.every_n_iters(runner.log_interval) or runner.is_last_iter()
         if self.settings.scalars and runner.world_size > 1 and reports:

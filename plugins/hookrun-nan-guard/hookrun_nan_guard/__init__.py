@@ -1,9 +1,10 @@
 """hookrun-nan-guard: a non-finite loss or gradient never reaches the weights.
 
 The check runs in ``before_optimizer_step`` (after AMP unscaling, before clipping and the
-step): one fused ``torch._foreach_norm(grads, inf)`` over every gradient, stacked with the
-losses of the accumulation group, gives one finite/non-finite flag per tensor. Returning
-``False`` skips the step (the core zeroes the gradients). Under ``amp: fp16`` GradScaler's
+step): GradScaler's fused inf check (``torch._amp_foreach_non_finite_check_and_unscale_``
+with a scale of 1.0) over every gradient and the losses of the accumulation group gives one
+flag on the device. Returning ``False`` skips the step (the core zeroes the gradients); the
+tensors are named one by one only when a step is bad. Under ``amp: fp16`` GradScaler's
 own inf check (made by ``unscale_``) is read instead of computing a second one.
 
 A skip decision needs the flag on the host: with ``check_every: 1`` (default) that is one
@@ -126,21 +127,22 @@ class NanGuard(Plugin[NanGuardSettings]):
     @hookimpl
     def before_optimizer_step(self, runner: RunnerProtocol) -> bool | None:
         self.steps += 1
-        scaler = runner.scaler
-        if scaler is not None:  # GradScaler's unscale_ already looked for infs: reuse it
-            found = scaler_found_inf(scaler, runner)
-            return self.decide(runner, bool(found > 0), None)
-        finite = self.finite_flags(runner)
-        if self.settings.check_every == 1:
-            return self.decide(runner, not bool(finite.all()), finite)  # the one host read
-        bad = (~finite.all()).to(torch.int64)
-        if self.pending is None:
-            self.pending, self.pending_since = bad, runner.iter
-        else:
-            self.pending += bad
-        if self.steps % self.settings.check_every == 0:
-            self.read_pending(runner)
-        return None
+        try:
+            scaler = runner.scaler
+            if scaler is not None:  # GradScaler's unscale_ already looked for infs: reuse it
+                return self.decide(runner, bool(scaler_found_inf(scaler, runner)))
+            found = self.found_inf(runner)
+            if self.settings.check_every == 1:
+                return self.decide(runner, bool(found))  # the one host read
+            if self.pending is None:
+                self.pending, self.pending_since = found, runner.iter
+            else:
+                self.pending += found
+            if self.steps % self.settings.check_every == 0:
+                self.read_pending(runner)
+            return None
+        finally:
+            self.losses.clear()
 
     @hookimpl
     def after_train_iter(self) -> None:
@@ -177,19 +179,23 @@ class NanGuard(Plugin[NanGuardSettings]):
 
     # -- the decision --------------------------------------------------------------------
 
-    def finite_flags(self, runner: RunnerProtocol) -> torch.Tensor:
-        """One flag per gradient (and per loss of this step): a single fused reduction."""
-        grads = [p.grad for _, p in self.params if p.grad is not None]
-        norms = list(torch._foreach_norm(grads, math.inf)) if grads else []
-        if self.checks_loss(runner):
-            device = grads[0].device if grads else runner.device
-            norms += [loss.reshape(()).to(device) for loss in self.losses]
-        self.losses.clear()
-        if not norms:
-            return torch.ones(1, dtype=torch.bool)
-        return torch.stack(norms).isfinite()
+    def found_inf(self, runner: RunnerProtocol) -> torch.Tensor:
+        """1.0 when a gradient or a loss of this step holds a NaN or an infinity, else 0.0,
+        left on the device: GradScaler's fused check (one kernel per device and dtype,
+        multiplying by 1.0 in place, which changes no value)."""
+        groups: dict[torch.device, list[torch.Tensor]] = {}
+        for _, p in self.params:
+            if p.grad is not None:
+                groups.setdefault(p.grad.device, []).append(p.grad)
+        if self.losses and self.checks_loss(runner):
+            losses = torch.stack([loss.reshape(()).float() for loss in self.losses])
+            groups.setdefault(losses.device, []).append(losses)
+        found = [check_non_finite(tensors, device) for device, tensors in groups.items()]
+        if not found:
+            return torch.zeros(())
+        return found[0] if len(found) == 1 else torch.stack([f.cpu() for f in found]).amax()
 
-    def decide(self, runner: RunnerProtocol, bad: bool, finite: torch.Tensor | None) -> bool | None:
+    def decide(self, runner: RunnerProtocol, bad: bool) -> bool | None:
         """Skip (``False``), stop or raise for a bad step; reset the run of bad steps."""
         if not bad:
             self.consecutive = 0
@@ -201,7 +207,7 @@ class NanGuard(Plugin[NanGuardSettings]):
         limit = s.max_consecutive
         if action == "skip" and limit is not None and self.consecutive > limit:
             action = s.escalate
-        what = self.describe(runner, finite)
+        what = self.describe(runner)
         self.skipped += 1
         if action == "raise":  # after the iteration: an emergency save then holds its end
             self.failure = (
@@ -216,29 +222,20 @@ class NanGuard(Plugin[NanGuardSettings]):
             )
         return False
 
-    def describe(self, runner: RunnerProtocol, finite: torch.Tensor | None) -> str:
-        """The first non-finite gradients (and losses) by name."""
-        if finite is None:  # fp16: the scaler does not say which; look now, the run is failing
-            finite = self.grads_finite()
-        grads = [n for n, p in self.params if p.grad is not None]
-        labels = grads + [f"loss[{i}]" for i in range(len(finite) - len(grads))]
-        flags = finite.tolist()
-        bad = [label for label, ok in zip(labels, flags, strict=False) if not ok]
-        shown = ", ".join(f"grad of {b}" if not b.startswith("loss") else b for b in bad[:SHOWN])
-        more = f" and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
-        return f"not finite: {shown}{more}" if bad else "not finite (found by GradScaler)"
-
-    def grads_finite(self) -> torch.Tensor:
-        grads = [p.grad for _, p in self.params if p.grad is not None]
-        if not grads:
-            return torch.ones(0, dtype=torch.bool)
-        return torch.stack(list(torch._foreach_norm(grads, math.inf))).isfinite()
+    def describe(self, runner: RunnerProtocol) -> str:
+        """The first non-finite gradients (and losses) by name: looked for one by one, on
+        the failure path only."""
+        named = {f"grad of {n}": p.grad for n, p in self.params if p.grad is not None}
+        if self.checks_loss(runner):
+            named.update({f"loss[{i}]": loss.reshape(1) for i, loss in enumerate(self.losses)})
+        bad = non_finite_names(named)
+        return f"not finite: {', '.join(bad)}" if bad else "not finite (found by GradScaler)"
 
     def read_pending(self, runner: RunnerProtocol) -> None:
         """``check_every > 1``: read the bad steps since the last read (one host read); any
         bad one has reached the weights already, so the run fails."""
         pending, self.pending = self.pending, None
-        count = int(pending) if pending is not None else 0
+        count = round(float(pending)) if pending is not None else 0
         if not count:
             self.consecutive = 0
             return
@@ -252,7 +249,7 @@ class NanGuard(Plugin[NanGuardSettings]):
 
     def nonfinite_so_far(self) -> int:
         """Bad steps, those not yet read by a ``check_every`` window included."""
-        pending = int(self.pending) if self.pending is not None else 0
+        pending = round(float(self.pending)) if self.pending is not None else 0
         return self.nonfinite + pending
 
 
@@ -274,6 +271,15 @@ def scaler_found_inf(scaler: torch.amp.GradScaler, runner: RunnerProtocol) -> to
     state = scaler._per_optimizer_states[id(runner.optimizer)]
     found = list((state.get("found_inf_per_device") or {}).values())
     return torch.stack([f.to(found[0].device) for f in found]).sum() if found else torch.zeros(())
+
+
+def check_non_finite(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """GradScaler's inf check over ``tensors`` (all on ``device``): 1.0 if any holds a NaN
+    or an infinity. Much cheaper than a norm per tensor (one kernel, no reduction tree)."""
+    found = torch.zeros((), device=device)
+    one = torch.ones((), device=device)
+    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, one)
+    return found
 
 
 def floating(state: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
