@@ -33,3 +33,27 @@ class Inject:
     def after_backward(self, runner: Any) -> None:
         if self.where == "grad" and runner.iter in self.at:
             runner.unwrapped_model.weight.grad[0, 0] = math.inf
+
+
+class HostReads:
+    """Counts calls of the Tensor methods that read a value to the host (the way
+    ``tests/test_syncs_and_memory.py`` does), snapshotted at the start of every iteration."""
+
+    METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy")
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.count = 0
+        self.at_iter_start: list[int] = []
+        for name in self.METHODS:
+            monkeypatch.setattr(torch.Tensor, name, self.counted(getattr(torch.Tensor, name)))
+
+    def counted(self, original: Any) -> Any:
+        def read(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return original(tensor, *args, **kwargs)
+
+        return read
+
+    @hookimpl
+    def before_train_iter(self) -> None:
+        self.at_iter_start.append(self.count)
