@@ -2,7 +2,9 @@
 
 The same Runner trains the same model on the same batches with no plugins, with
 ``nan_guard: {}`` (a fused check read on the host every step) and with ``check_every: 10``
-(read every 10 steps). Runs alternate and medians are reported, of the main thread's CPU time
+(read every 10 steps). First the direct figure: the guard's work per step against a plain
+training step, timed in tight loops. Then whole runs: they alternate and medians are
+reported, of the main thread's CPU time
 (``time.thread_time``: one intra-op thread, ``num_workers=0``; other processes on a shared
 machine barely move it) and of wall time. ``plugin_cost`` is shared by the profiler and
 memory benchmarks.
@@ -26,6 +28,52 @@ from overhead import make_data, make_model
 from torch import nn
 
 from hookrun import Runner, hookimpl
+
+
+def check_cost(n: int = 5000, repeats: int = 5) -> tuple[float, float]:
+    """Thread CPU seconds of the guard's per-step work (``before_backward`` and
+    ``before_optimizer_step`` through the dispatcher) and of one plain training step (forward,
+    backward, SGD step, zero_grad) on the same model and batch, best of ``repeats`` loops:
+    direct figures, robust to other processes on the machine."""
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = next(iter(make_data(1)))
+    with tempfile.TemporaryDirectory() as work_dir:
+        runner = Runner(
+            model,
+            make_data(1),
+            optimizer=optimizer,
+            criterion=nn.CrossEntropyLoss(),
+            max_iters=1,
+            work_dir=work_dir,
+            plugins={"nan_guard": {}},
+            writers=(),
+        )
+    hooks = runner.hooks
+    runner.mode = "train"
+    hooks.before_train(runner=runner)
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+
+    def guard() -> None:
+        hooks.before_backward(runner=runner, loss=loss.detach())
+        hooks.before_optimizer_step(runner=runner, optimizer=optimizer)
+
+    def step() -> None:
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+
+    best = []
+    for work in (guard, step):
+        times = []
+        for _ in range(repeats):
+            start = time.thread_time()
+            for _ in range(n):
+                work()
+            times.append((time.thread_time() - start) / n)
+        best.append(min(times))
+    return best[0], best[1]
 
 
 class Timing:
@@ -92,6 +140,12 @@ def plugin_cost(cases: dict[str, dict[str, Any]], default_iters: int = 2000) -> 
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)
+    guard_s, step_s = check_cost()
+    print(
+        f"direct: the guard's work per step {guard_s * 1e6:.1f} µs, a plain training step "
+        f"{step_s * 1e6:.1f} µs: {guard_s / step_s:.1%} (thread CPU time, best of 5)"
+    )
     plugin_cost(
         {
             "no plugins": {},

@@ -89,7 +89,9 @@ class NanGuard(Plugin[NanGuardSettings]):
         self.pending: torch.Tensor | None = None  # check_every > 1: bad steps since last read
         self.pending_since = 0  # the iteration of the first step in ``pending``
         self.params: list[tuple[str, torch.Tensor]] = []
+        self.groups: list[tuple[tuple[torch.device, torch.dtype], list[torch.Tensor]]] = []
         self.failure: str | None = None  # raised at the end of the iteration whose step it skipped
+        self.ones: dict[torch.device, torch.Tensor] = {}  # the check's scale, 1.0, per device
 
     def unused_hooks(self, runner: RunnerProtocol) -> set[str]:
         """The loss is only collected where it is part of the decision; ``after_train_iter``
@@ -116,6 +118,10 @@ class NanGuard(Plugin[NanGuardSettings]):
             for g, group in enumerate(optimizer.param_groups)
             for i, p in enumerate(group["params"])
         ]
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for _, p in self.params:
+            groups.setdefault((p.device, p.dtype), []).append(p)
+        self.groups = list(groups.items())
         self.losses.clear()
         runner.scalars.gauge("train/skipped_steps", Count(lambda: self.skipped))
         runner.scalars.gauge("train/nonfinite_grads", Count(self.nonfinite_so_far))
@@ -181,19 +187,32 @@ class NanGuard(Plugin[NanGuardSettings]):
 
     def found_inf(self, runner: RunnerProtocol) -> torch.Tensor:
         """1.0 when a gradient or a loss of this step holds a NaN or an infinity, else 0.0,
-        left on the device: GradScaler's fused check (one kernel per device and dtype,
-        multiplying by 1.0 in place, which changes no value)."""
-        groups: dict[torch.device, list[torch.Tensor]] = {}
-        for _, p in self.params:
-            if p.grad is not None:
-                groups.setdefault(p.grad.device, []).append(p.grad)
-        if self.losses and self.checks_loss(runner):
-            losses = torch.stack([loss.reshape(()).float() for loss in self.losses])
-            groups.setdefault(losses.device, []).append(losses)
-        found = [check_non_finite(tensors, device) for device, tensors in groups.items()]
+        left on the device: GradScaler's fused check, one kernel per device and dtype as
+        GradScaler groups them. It multiplies by 1.0 in place, which changes no value (the
+        losses are detached, and backward has already freed their graphs)."""
+        groups = {
+            key: [p.grad for p in params if p.grad is not None] for key, params in self.groups
+        }
+        if self.checks_loss(runner):
+            for loss in self.losses:
+                groups.setdefault((loss.device, loss.dtype), []).append(loss)
+        found = [self.check(group, device) for (device, _), group in groups.items() if group]
         if not found:
             return torch.zeros(())
-        return found[0] if len(found) == 1 else torch.stack([f.cpu() for f in found]).amax()
+        if len(found) == 1:
+            return found[0]
+        device = found[0].device
+        return torch.stack([f.to(device) for f in found]).amax()
+
+    def check(self, tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """GradScaler's inf check over ``tensors`` (all on ``device``): 1.0 if any holds a
+        NaN or an infinity. One kernel, where a norm per tensor costs a reduction each."""
+        found = torch.zeros((), device=device)
+        one = self.ones.get(device)
+        if one is None:
+            one = self.ones[device] = torch.ones((), device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, one)
+        return found
 
     def decide(self, runner: RunnerProtocol, bad: bool) -> bool | None:
         """Skip (``False``), stop or raise for a bad step; reset the run of bad steps."""
@@ -271,15 +290,6 @@ def scaler_found_inf(scaler: torch.amp.GradScaler, runner: RunnerProtocol) -> to
     state = scaler._per_optimizer_states[id(runner.optimizer)]
     found = list((state.get("found_inf_per_device") or {}).values())
     return torch.stack([f.to(found[0].device) for f in found]).sum() if found else torch.zeros(())
-
-
-def check_non_finite(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """GradScaler's inf check over ``tensors`` (all on ``device``): 1.0 if any holds a NaN
-    or an infinity. Much cheaper than a norm per tensor (one kernel, no reduction tree)."""
-    found = torch.zeros((), device=device)
-    one = torch.ones((), device=device)
-    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, one)
-    return found
 
 
 def floating(state: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
