@@ -54,10 +54,11 @@ def run_with_checkpoints(tmp_path: Path, guard: dict[str, Any], at: set[int]) ->
 
 
 @needs_checkpoint
-@pytest.mark.parametrize("action", ["skip", "raise"])
+@pytest.mark.parametrize("action", ["skip", "stop", "raise"])
 def test_no_checkpoint_holds_a_non_finite_tensor(action: str, tmp_path: Path) -> None:
-    """Adam (whose moments an inf would poison too), a save every iteration; with `raise`
-    the emergency save is the last file."""
+    """Adam (whose moments an inf would poison too), a save every iteration; with `stop`
+    the last file holds the state training stopped with, with `raise` the emergency save
+    is the last file."""
     runner = run_with_checkpoints(tmp_path, {"action": action}, {1, 4})
     if action == "raise":
         with pytest.raises(RuntimeError, match="iteration 1 "):
@@ -67,6 +68,7 @@ def test_no_checkpoint_holds_a_non_finite_tensor(action: str, tmp_path: Path) ->
     files = sorted((tmp_path / "run" / "checkpoints").glob("*.pt"))
     names = {
         "skip": [f"iter_{i}.pt" for i in range(1, 7)],
+        "stop": ["iter_1.pt", "iter_2.pt"],
         "raise": ["emergency_iter_2.pt", "iter_1.pt"],
     }
     assert [f.name for f in files] == sorted(names[action])
@@ -74,6 +76,9 @@ def test_no_checkpoint_holds_a_non_finite_tensor(action: str, tmp_path: Path) ->
         checkpoint = torch.load(path, weights_only=True)
         for name, tensor in floating_tensors(checkpoint):
             assert torch.isfinite(tensor).all(), f"{path.name}: {name}"
+    last = torch.load(files[-1 if action != "raise" else 0], weights_only=True)["model"]
+    for name, value in runner.unwrapped_model.state_dict().items():
+        assert torch.equal(last[name], value), name
 
 
 class PoisonWeights:
