@@ -30,7 +30,7 @@ from torch import nn
 from hookrun import Runner, hookimpl
 
 
-def check_cost(n: int = 5000, repeats: int = 5) -> tuple[float, float]:
+def check_cost(guard: dict[str, Any], n: int = 5000, repeats: int = 5) -> tuple[float, float]:
     """Thread CPU seconds of the guard's per-step work (``before_backward`` and
     ``before_optimizer_step`` through the dispatcher) and of one plain training step (forward,
     backward, SGD step, zero_grad) on the same model and batch, best of ``repeats`` loops:
@@ -46,7 +46,7 @@ def check_cost(n: int = 5000, repeats: int = 5) -> tuple[float, float]:
             criterion=nn.CrossEntropyLoss(),
             max_iters=1,
             work_dir=work_dir,
-            plugins={"nan_guard": {}},
+            plugins={"nan_guard": guard},
             writers=(),
         )
     hooks = runner.hooks
@@ -141,11 +141,14 @@ def plugin_cost(cases: dict[str, dict[str, Any]], default_iters: int = 2000) -> 
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    guard_s, step_s = check_cost()
-    print(
-        f"direct: the guard's work per step {guard_s * 1e6:.1f} µs, a plain training step "
-        f"{step_s * 1e6:.1f} µs: {guard_s / step_s:.1%} (thread CPU time, best of 5)"
-    )
+    os.environ["HOOKRUN_PLUGINS_AUTOLOAD"] = "0"
+    for guard in ({}, {"check_loss": False}):
+        guard_s, step_s = check_cost(guard)
+        print(
+            f"direct, nan_guard: {guard}: its work per step {guard_s * 1e6:.1f} µs, a plain "
+            f"training step {step_s * 1e6:.1f} µs: {guard_s / step_s:.1%} (thread CPU time, "
+            "best of 5)"
+        )
     plugin_cost(
         {
             "no plugins": {},

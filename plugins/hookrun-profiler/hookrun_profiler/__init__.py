@@ -23,7 +23,7 @@ from pydantic import Field
 from rich.table import Table
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from hookrun import Plugin, PluginSettings, Priority, RunnerProtocol, hookimpl
+from hookrun import ConfigError, Plugin, PluginSettings, Priority, RunnerProtocol, hookimpl
 
 __all__ = ["Profiler", "ProfilerSettings"]
 
@@ -107,6 +107,11 @@ class Profiler(Plugin[ProfilerSettings]):
         s = self.settings
         self.out_dir, self.rank, self.info = runner.work_dir / "profiler", runner.rank, runner.info
         self.device_time = "cuda" in activity_names(s.activities, runner.device)
+        if self.device_time and runner.device.type != "cuda":
+            raise ConfigError(
+                f"plugins.profiler.activities: 'cuda' needs a CUDA device (runner.device is "
+                f"{runner.device})"
+            )
         self.schedule = schedule(s)
         self.windows = windows(self.schedule, runner.max_iters + s.warmup + s.active)
         start = runner.iter
@@ -175,7 +180,7 @@ class Profiler(Plugin[ProfilerSettings]):
         # the profiler counts the run's iterations: its schedule and its ProfilerStep#<N>
         # spans (in the traces) then follow the global iteration, not the window's
         self.profile.step_num = first
-        self.profile.current_action = self.schedule(first)
+        self.profile.current_action = self.schedule(first)  # type: ignore[assignment]
         self.profile.start()
 
     def close(self, done: int) -> None:
@@ -274,13 +279,17 @@ def windows(plan: Callable[[int], ProfilerAction], steps: int) -> list[tuple[int
     return out
 
 
-def activity_names(setting: str | list[str], device: torch.device) -> set[str]:
+def activity_names(setting: str | list[Literal["cpu", "cuda"]], device: torch.device) -> set[str]:
+    """What the ``activities`` setting traces on ``device``."""
     if setting == "auto":
         return {"cpu", "cuda"} if device.type == "cuda" else {"cpu"}
     return {setting} if isinstance(setting, str) else set(setting)
 
 
-def activities(setting: str | list[str], device: torch.device) -> list[ProfilerActivity]:
+def activities(
+    setting: str | list[Literal["cpu", "cuda"]], device: torch.device
+) -> list[ProfilerActivity]:
+    """The ``torch.profiler`` activities of the setting."""
     kinds = {"cpu": ProfilerActivity.CPU, "cuda": ProfilerActivity.CUDA}
     return [kinds[name] for name in sorted(activity_names(setting, device))]
 

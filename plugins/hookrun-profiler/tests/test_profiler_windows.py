@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from rich.console import Console
 
-from hookrun import PluginError, Priority, Runner, hookimpl
+from hookrun import ConfigError, PluginError, Priority, Runner, hookimpl
 from hookrun.testing import toy_runner_kwargs
 
 
@@ -125,4 +126,15 @@ def test_bad_setting_is_one_line_naming_the_field(tmp_path: Path) -> None:
         Runner(**toy_runner_kwargs(tmp_path, plugins={"profiler": {"active": 0}}))
     assert info.value.lines == [
         "plugins.profiler.active: Input should be greater than or equal to 1 (got 0)"
+    ]
+
+
+def test_cuda_activities_need_a_cuda_device(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    runner = Runner(**toy_runner_kwargs(tmp_path, plugins={"profiler": {"activities": "cuda"}}))
+    with pytest.raises(ConfigError) as info:
+        runner.train()
+    assert info.value.lines == [
+        "plugins.profiler.activities: 'cuda' needs a CUDA device (runner.device is cpu)"
     ]
