@@ -196,17 +196,16 @@ class Profiler(Plugin[ProfilerSettings]):
         self.plan_next(done)
 
     def save(self, profile: torch.profiler.profile, first: int, last: int) -> None:
-        """Write the window's traces (one export; TensorBoard gets a copy) and add its ops
-        to the summary."""
+        """Write the window's traces and add its ops to the summary. torch exports a trace
+        once: with both kinds on, the Chrome file is a copy of TensorBoard's."""
         tag = f"rank{self.rank}.iter_{first}-{last}"
         self.out_dir.mkdir(parents=True, exist_ok=True)
         chrome = self.out_dir / f"{tag}.trace.json"
-        board = self.out_dir / "tensorboard" / f"{tag}.pt.trace.json"
         if self.settings.tensorboard:
-            board.parent.mkdir(exist_ok=True)
-            profile.export_chrome_trace(str(board))  # the profiler plugin's file format
+            board = self.out_dir / "tensorboard"
+            torch.profiler.tensorboard_trace_handler(str(board), worker_name=tag)(profile)
             if self.settings.chrome:
-                shutil.copyfile(board, chrome)
+                shutil.copyfile(max(board.glob(f"{tag}.*.pt.trace.json")), chrome)
         elif self.settings.chrome:
             profile.export_chrome_trace(str(chrome))
         if self.settings.memory_timeline:

@@ -68,12 +68,10 @@ def test_a_window_leaves_chrome_and_tensorboard_traces_and_a_summary(tmp_path: P
     names = [e.get("name", "") for e in chrome["traceEvents"]]
     assert any(n.startswith("aten::addmm") for n in names)
     assert recorded_steps(out / "rank0.iter_2-3.trace.json") == [2, 3]  # the active ones
-    board = json.loads((out / "tensorboard" / "rank0.iter_2-3.pt.trace.json").read_text())
+    (board_file,) = (out / "tensorboard").glob("rank0.iter_2-3.*.pt.trace.json")
+    board = json.loads(board_file.read_text())
     assert board["traceEvents"] == chrome["traceEvents"]
-    assert sorted(p.name for p in out.rglob("*.json")) == [
-        "rank0.iter_2-3.pt.trace.json",
-        "rank0.iter_2-3.trace.json",
-    ]
+    assert len(list(out.rglob("*.json"))) == 2
     # the summary: the op with most self time, per the trace's own durations, is named first
     records = [
         json.loads(line) for line in (runner.work_dir / "log.jsonl").read_text().splitlines()
