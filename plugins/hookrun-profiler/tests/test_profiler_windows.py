@@ -136,3 +136,12 @@ def test_cuda_activities_need_a_cuda_device(tmp_path: Path) -> None:
     assert info.value.lines == [
         "plugins.profiler.activities: 'cuda' needs a CUDA device (runner.device is cpu)"
     ]
+
+
+@pytest.mark.filterwarnings("ignore:`export_memory_timeline` is deprecated:FutureWarning")
+def test_memory_timeline_is_written_beside_the_trace(tmp_path: Path) -> None:
+    profiled_run(tmp_path, wait=1, warmup=1, active=2, memory_timeline=True, tensorboard=False)
+    out = tmp_path / "run" / "profiler"
+    times, sizes = json.loads((out / "rank0.iter_2-3.memory.json").read_text())[:2]
+    assert len(times) == len(sizes) > 0
+    assert any(sum(row) > 0 for row in sizes)  # bytes per category at each moment
