@@ -146,6 +146,7 @@ class Memory(Plugin[MemorySettings]):
         return float(self.reduced[index]) if self.reduced is not None else float("nan")
 
     def empty_cache(self, runner: RunnerProtocol) -> None:
+        """Release the accelerator allocator's unused blocks (nothing to do on the CPU)."""
         device = runner.device
         if device.type != "cpu":
             torch.accelerator.empty_cache()
