@@ -130,3 +130,27 @@ def test_a_late_check_fails_the_run_naming_the_window(tmp_path: Path) -> None:
         "nan_guard: 2 non-finite step(s) between iterations 3 and 5, found late "
         "(check_every: 3); weights not finite: weight"
     )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="amp: fp16 needs a CUDA device")
+def test_fp16_reuses_gradscalers_check(tmp_path: Path) -> None:
+    """An inf written into a (scaled) gradient: GradScaler finds it, the guard counts it."""
+    inject = Inject("grad", {1})
+    model = toy_model()
+    runner = Runner(
+        model,
+        train_dataloader=toy_data(12, 4, shuffle=False),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        criterion=inject.criterion,
+        max_epochs=1,
+        device="cuda",
+        amp="fp16",
+        work_dir=tmp_path / "run",
+        plugins={"nan_guard": {}},
+        hooks=[inject],
+        writers=(),
+    )
+    runner.train()
+    state = runner.plugins["nan_guard"].state_dict()
+    assert state["skipped"] == state["nonfinite"] >= 1
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
