@@ -1,7 +1,7 @@
 """A two-process job for the distributed tests; run it under torchrun.
 
 Usage: torchrun --nproc-per-node=2 dist_job.py WORK_DIR [--kill-at N] [--resume] [--fail-at N]
-       [--term-at N] [--with-plugins | --with-checkpoint]
+       [--term-at N] [--with-plugins | --with-checkpoint] [--slow-rank1-data SECONDS]
 """
 
 from __future__ import annotations
@@ -9,20 +9,29 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from hookrun import Runner, hookimpl
 
 
-def data(n: int, seed: int, shuffle: bool, workers: int = 0) -> DataLoader:
+def data(n: int, seed: int, shuffle: bool, workers: int = 0, delay: float = 0.0) -> DataLoader:
+    """``delay``: seconds each batch takes to load (a slow file system on one node)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 6, generator=g)
     y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
-    return DataLoader(TensorDataset(x, y), batch_size=4, shuffle=shuffle, num_workers=workers)
+
+    def collate(samples):
+        time.sleep(delay)
+        return default_collate(samples)
+
+    return DataLoader(
+        TensorDataset(x, y), batch_size=4, shuffle=shuffle, num_workers=workers, collate_fn=collate
+    )
 
 
 def model() -> nn.Module:
@@ -75,11 +84,13 @@ def main() -> None:
     parser.add_argument("--term-at", type=int, default=-1)
     parser.add_argument("--group-term-at", type=int, default=-1)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--slow-rank1-data", type=float, default=0.0)
     args = parser.parse_args()
     net = model()
+    delay = args.slow_rank1_data if os.environ.get("RANK") == "1" else 0.0
     runner = Runner(
         net,
-        data(48, 1, shuffle=True, workers=args.workers),
+        data(48, 1, shuffle=True, workers=args.workers, delay=delay),
         data(13, 2, shuffle=False),
         optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
         criterion=nn.CrossEntropyLoss(),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hookrun
-from hookrun import better, format_duration, metric_rule
+from hookrun import better, format_duration, metric_rule, resolve_rule
 
 
 @pytest.mark.parametrize(
@@ -36,6 +36,19 @@ def test_the_last_known_word_decides():
     assert metric_rule("error_rate_score") == "greater"
 
 
+def test_resolve_rule_keeps_an_explicit_rule_and_refuses_to_guess():
+    assert resolve_rule("distance", "less") == "less"
+    assert resolve_rule("val_wer", "greater") == "greater"  # the user's word wins
+    assert resolve_rule("answer_accuracy", "auto") == "greater"
+    assert resolve_rule("val_wer", "auto") == "less"
+    with pytest.raises(ValueError) as error:
+        resolve_rule("distance", "auto")
+    assert str(error.value) == (
+        "cannot tell from the metric name 'distance' whether greater or less is better; "
+        "set rule: greater or rule: less"
+    )
+
+
 def test_better_respects_rule_and_min_delta():
     assert better("greater", 0.9, 0.8) and not better("greater", 0.8, 0.8)
     assert better("less", 0.1, 0.2) and not better("less", 0.2, 0.1)
@@ -56,5 +69,6 @@ def test_format_duration_of_an_unknown_time():
 
 
 def test_shared_helpers_are_top_level_names():
-    assert {"metric_rule", "better", "format_duration", "batch_size"} <= set(hookrun.__all__)
+    names = {"metric_rule", "resolve_rule", "better", "format_duration", "batch_size"}
+    assert names <= set(hookrun.__all__)
     assert hookrun.batch_size((torch.zeros(4, 2), torch.zeros(4))) == 4

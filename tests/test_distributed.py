@@ -143,10 +143,12 @@ def test_exception_on_one_rank_ends_both(tmp_path):
 
 
 def test_timer_and_logger_report_from_rank_0_with_the_slowest_data_time(tmp_path):
-    proc = torchrun(tmp_path, "--with-plugins")
+    proc = torchrun(tmp_path, "--with-plugins", "--slow-rank1-data", "0.03")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     train = [line for line in lines if "train/loss" in line]
     assert [line["step"] for line in train] == [6, 12, 18]  # one writer: rank 0's
-    assert all(line["train/data_time_max"] >= 0 for line in train)
+    # rank 1 waits 30 ms for each batch, rank 0 does not: the report shows rank 1's wait
+    assert all(line["train/data_time_max"] >= 0.03 for line in train), train
+    assert all(line["train/data_time"] < line["train/data_time_max"] for line in train), train
     assert proc.stdout.count("Overall training speed") == 1

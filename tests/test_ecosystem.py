@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from test_cli import TOY_TASK, clean_env, run, write
 
 ROOT = Path(__file__).resolve().parent.parent
-EARLY_STOPPING = ROOT / "examples" / "third_party" / "hookrun-early-stopping"
+GRAD_NORM = ROOT / "examples" / "third_party" / "hookrun-grad-norm"
 
 
 def pip(*args: str) -> None:
@@ -22,67 +21,82 @@ def pip(*args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def early_stopping_installed():
-    pip("install", "--no-deps", "--no-build-isolation", str(EARLY_STOPPING))
+def grad_norm_installed():
+    pip("install", "--no-deps", "--no-build-isolation", str(GRAD_NORM))
     yield
-    pip("uninstall", "-y", "hookrun-early-stopping")
+    pip("uninstall", "-y", "hookrun-grad-norm")
 
 
-def val_losses(work_dir: Path) -> list[float]:
-    lines = [json.loads(x) for x in (work_dir / "log.jsonl").read_text().splitlines()]
-    return [line["val/loss"] for line in lines if "val/loss" in line]
-
-
-def test_third_party_plugin_and_writer_from_a_config_file(early_stopping_installed, tmp_path):
+def test_third_party_plugin_and_writer_from_a_config_file(grad_norm_installed, tmp_path):
     listed = json.loads(run("plugins", "list", "--json").stdout)
     rows = {row["name"]: row for row in listed}
-    assert rows["early_stopping"]["distribution"] == "hookrun-early-stopping"
+    assert rows["grad_norm"]["distribution"] == "hookrun-grad-norm"
     write(tmp_path / "toytask.py", TOY_TASK)
     config = write(
-        tmp_path / "es.yaml",
+        tmp_path / "gn.yaml",
         """
         task: toytask.py:build
-        runner: {max_epochs: 2, device: cpu, writers: [jsonl, csv]}
+        runner: {max_epochs: 2, device: cpu, log_interval: 1, writers: [jsonl, csv]}
         plugins:
           logger: false
           timer: false
-          checkpoint: {max_keep: 2}
-          early_stopping: {monitor: loss, patience: 2, min_delta: 100.0}
+          checkpoint: false
+          grad_norm: {name: gnorm}
         """,
     )
     work_dir = tmp_path / "run"
-    first = run("train", config, "--work-dir", work_dir)
-    assert first.returncode == 0, first.stderr
-    assert len(val_losses(work_dir)) == 2  # epoch 1 sets the best, epoch 2 is 1 bad validation
+    result = run("train", config, "--work-dir", work_dir)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(x) for x in (work_dir / "log.jsonl").read_text().splitlines()]
+    norms = [line["train/gnorm"] for line in lines if "train/gnorm" in line]
+    iters = [line["train/loss"] for line in lines if "train/loss" in line]
+    assert len(norms) == len(iters) > 0 and all(0 < n < float("inf") for n in norms)
     rows = (work_dir / "scalars.csv").read_text().splitlines()
-    assert rows[0] == "step,name,value" and any(",val/loss," in r for r in rows[1:])
-    # epoch_2.pt is written when epoch 2's training ends, before its validation
-    state = torch.load(work_dir / "checkpoints" / "epoch_2.pt", weights_only=True)["plugins"]
-    assert state["early_stopping"] == {"best": val_losses(work_dir)[0], "bad_validations": 0}
-    # resumed with room for 8 more epochs: validations 2 and 3 count against the restored best
-    # (a fresh plugin would need epochs 2, 3 and 4)
-    second = run("train", config, "--work-dir", work_dir, "--resume", "auto",
-                 "--set", "runner.max_epochs=10")  # fmt: skip
-    assert second.returncode == 0, second.stderr
-    assert "early stopping: loss did not improve for 2 validations" in second.stdout
-    assert len(val_losses(work_dir)) == 2 + 2
+    assert rows[0] == "step,name,value"
+    assert sum(",train/gnorm," in r for r in rows[1:]) == len(norms)
 
 
-def test_third_party_settings_are_validated_by_name(early_stopping_installed, tmp_path):
+def test_third_party_grad_norm_equals_torchs_total_norm(grad_norm_installed, tmp_path):
+    """The example's value at every optimizer step against ``torch.nn.utils.get_total_norm``
+    of the same gradients, taken by a hook that runs after it at the same hook point."""
+    import torch
+
+    from hookrun import Runner, hookimpl
+    from hookrun.testing import toy_runner_kwargs
+
+    class Reference:
+        priority = 90
+
+        def __init__(self):
+            self.norms = []
+
+        @hookimpl
+        def before_optimizer_step(self, optimizer):
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"]]
+            self.norms.append(float(torch.nn.utils.get_total_norm(grads, 3.0)))
+
+    reference = Reference()
+    kwargs = toy_runner_kwargs(tmp_path, hooks=[reference], plugins={"grad_norm": {"norm_type": 3}})
+    runner = Runner(**kwargs)
+    runner.train()
+    logged = [float(v) for v in runner.scalars.history("train/grad_norm")]
+    assert len(logged) == len(reference.norms) == 6
+    assert logged == pytest.approx(reference.norms, rel=1e-6)
+
+
+def test_third_party_settings_are_validated_by_name(grad_norm_installed, tmp_path):
     write(tmp_path / "toytask.py", TOY_TASK)
     config = write(
         tmp_path / "bad.yaml",
         """
         task: toytask.py:build
-        plugins: {early_stopping: {patience: 0, rule: sideways}}
+        plugins: {grad_norm: {norm_type: 0, nmae: x}}
         """,
     )
     result = run("config", "validate", config)
     assert result.returncode == 2
-    assert "plugins.early_stopping.patience: Input should be greater than or equal to 1" in (
-        result.stderr
-    )
-    assert "plugins.early_stopping.rule:" in result.stderr
+    assert "plugins.grad_norm.norm_type: Input should be greater than 0" in result.stderr
+    assert "plugins.grad_norm.nmae: unknown setting" in result.stderr
 
 
 def test_scaffolded_plugin_passes_its_own_test_after_install(tmp_path):

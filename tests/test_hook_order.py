@@ -102,6 +102,27 @@ def test_stop_training_ends_after_current_iteration(tmp_path):
     assert seq[-4:] == ["after_train_iter", "after_train_epoch", "after_train", "after_run"]
 
 
+@pytest.mark.parametrize(("val_interval", "validated"), [(1, [1, 2]), (2, [2]), (3, [])])
+def test_stop_at_an_epoch_end_still_validates_that_epoch_when_due(
+    tmp_path, val_interval, validated
+):
+    """DESIGN §3: an epoch stopped at its end (in ``after_train_epoch``) is validated when its
+    validation was due, as Lightning and MMEngine do; then training ends."""
+
+    class StopAfterSecondEpoch:
+        @hookimpl
+        def after_train_epoch(self, runner):
+            runner.stop_training = runner.epoch == 1
+
+    rec = Recorder()
+    kwargs = toy_runner_kwargs(tmp_path, hooks=[StopAfterSecondEpoch(), rec], max_epochs=5,
+                               val_interval=val_interval)  # fmt: skip
+    Runner(**kwargs).train()
+    assert [epoch for h, epoch, _ in rec.calls if h == "after_val_epoch"] == validated
+    assert names(rec).count("after_train_epoch") == 2
+    assert names(rec)[-2:] == ["after_train", "after_run"]
+
+
 def test_on_exception_then_same_exception_propagates(tmp_path):
     boom = RuntimeError("boom")
 

@@ -206,6 +206,7 @@ class Sleeps:
         self.end = time.perf_counter()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("by_epoch", [True, False], ids=["epochs", "iterations"])
 def test_eta_predicts_the_remaining_time_validation_included(tmp_path, by_epoch):
     sleeps = Sleeps()

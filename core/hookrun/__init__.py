@@ -26,6 +26,7 @@ _EXPORTS = {
     "CheckpointMismatchError": "hookrun.errors",
     "metric_rule": "hookrun.direction",
     "better": "hookrun.direction",
+    "resolve_rule": "hookrun.direction",
     "format_duration": "hookrun.timefmt",
     "batch_size": "hookrun.steps",
     "RunnerProtocol": "hookrun.surface",
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from hookrun.data import mix_seed as mix_seed
     from hookrun.direction import better as better
     from hookrun.direction import metric_rule as metric_rule
+    from hookrun.direction import resolve_rule as resolve_rule
     from hookrun.dispatch import HookStats as HookStats
     from hookrun.dist import rank_zero_only as rank_zero_only
     from hookrun.errors import CheckpointError as CheckpointError

@@ -24,6 +24,9 @@ class IterationClock:
         self.pending: list[tuple[float, float, int]] = []
         self.recent: deque[tuple[float, float, int]] = deque(maxlen=window)
         self.warmup = 0  # iterations left out of the timed totals (the timer sets it)
+        # under torch.distributed: the slowest rank's mean data time over the last report
+        # interval, set at each report point (None before the first, and in one process)
+        self.slowest_data_time: float | None = None
         self.start()
 
     def start(self) -> None:
@@ -32,6 +35,14 @@ class IterationClock:
         self.recent.clear()
         self.iters = self.timed_iters = 0
         self.seconds = self.timed_seconds = 0.0
+        self.interval = (0, 0.0)  # (iterations, data seconds) since the last take_data_time
+        self.slowest_data_time = None
+        self.val_passes, self.val_seconds = 0, 0.0  # validation passes inside training
+
+    def validated(self, seconds: float) -> None:
+        """A validation pass of the training loop took ``seconds`` (cut out of the periods)."""
+        self.val_passes += 1
+        self.val_seconds += seconds
 
     def fold(self) -> None:
         """Move the pending iterations into the totals and the window."""
@@ -43,7 +54,17 @@ class IterationClock:
             self.iters += len(pending)
             self.seconds += sum(period for period, _, _ in pending)
             self.recent.extend(timed)
+            iters, data = self.interval
+            self.interval = (iters + len(pending), data + sum(wait for _, wait, _ in pending))
             pending.clear()
+
+    def take_data_time(self) -> float:
+        """Mean data seconds per iteration since the previous call (0.0 without iterations);
+        starts the next interval."""
+        self.fold()
+        iters, data = self.interval
+        self.interval = (0, 0.0)
+        return data / iters if iters else 0.0
 
     def keep(self, size: int) -> None:
         """Keep at least the last ``size`` iterations in the window."""

@@ -38,6 +38,21 @@ def metric_rule(name: str) -> Rule | None:
     return None
 
 
+def resolve_rule(name: str, rule: str) -> Rule:
+    """``rule`` when it is ``"greater"`` or ``"less"``; for ``"auto"`` the rule of ``name``'s
+    words, or a ValueError asking for an explicit rule (never a guess): the one message every
+    plugin with a ``rule: auto`` setting gives."""
+    if rule in ("greater", "less"):
+        return rule  # type: ignore[return-value]
+    decided = metric_rule(name)
+    if decided is None:
+        raise ValueError(
+            f"cannot tell from the metric name {name!r} whether greater or less is better; "
+            "set rule: greater or rule: less"
+        )
+    return decided
+
+
 def better(rule: Rule, new: float, old: float, min_delta: float = 0.0) -> bool:
     """Whether ``new`` beats ``old`` by more than ``min_delta`` in the direction of ``rule``."""
     return new < old - min_delta if rule == "less" else new > old + min_delta

@@ -8,8 +8,9 @@ is Ctrl-C pressed again: it raises ``KeyboardInterrupt`` at once.
 
 Under torch.distributed every rank must stop at the same iteration, but the signal reaches
 each rank at its own moment (or only one of them). The ranks agree at the training loop's
-report points (every ``log_interval`` iterations and at epoch ends): one integer all-reduce
-there, none in the iterations between.
+report points (every ``log_interval`` iterations and at epoch ends), in the one small
+all-reduce the core makes there (:meth:`hookrun.reporting.Reporter.agree_ranks`), none in the
+iterations between.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
@@ -41,10 +41,9 @@ class StopSignals:
         self.caught: int | None = None  # the first stop signal this process received
         self.agreed: int | None = None  # the stop every rank acts on (None: keep training)
         self.previous: dict[int, Any] = {}
-        self.group: Any = None  # a gloo group for the agreement, under torch.distributed
-        self.distributed = False
+        self.distributed = False  # then a caught signal only counts once the ranks agree
 
-    def install(self, world_size: int, timeout_s: float) -> bool:
+    def install(self, world_size: int) -> bool:
         """Note the signals from now on; False when not in the main thread (nothing done)."""
         self.caught = self.agreed = None
         if not self.numbers:
@@ -52,10 +51,6 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return False
         self.distributed = world_size > 1
-        if self.distributed and self.group is None:
-            import torch.distributed as dist
-
-            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         for number in self.numbers:
             self.previous[number] = signal.signal(number, self._note)
         return True
@@ -68,17 +63,11 @@ class StopSignals:
             if not self.distributed:
                 self.agreed = signum
 
-    def agree(self) -> int | None:
-        """Under torch.distributed, the signal any rank has caught (every rank calls this at
-        the same iterations); in one process what was caught."""
-        if self.distributed and self.agreed is None and self.group is not None:
-            import torch
-            import torch.distributed as dist
-
-            flag = torch.tensor([self.caught or 0])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-            self.agreed = int(flag.item()) or None
-        return self.agreed
+    def settle(self, signum: int) -> None:
+        """Under torch.distributed: the largest signal number any rank caught (0: none), as
+        the ranks agreed at a report point; the first agreement stands."""
+        if self.agreed is None and signum:
+            self.agreed = signum
 
     def restore(self) -> dict[int, Any]:
         """Put the previous handlers back; returns them by signal number."""

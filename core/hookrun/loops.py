@@ -37,9 +37,8 @@ class TrainLoop:
             raise ConfigError("train_dataloader: yields no batches")
         pos: LoopPosition = runner.position
         by_epoch = runner.by_epoch
-        pending_val = (
-            not by_epoch and pos.phase is Phase.TRAIN and runner.validation_schedule.due(pos.iter)
-        )
+        # a save at a group's end, taken before the validation due there (a stop signal's)
+        pending_val = self.validation_waiting() and self.closes_group(pos.batch, per_epoch)
         runner.stop_training = False
         runner.reporter.start(pos.iter)
         while not self.finished():
@@ -66,6 +65,21 @@ class TrainLoop:
             return pos.epoch >= last or (pos.epoch + 1 == last and pos.phase is Phase.VALIDATED)
         return pos.iter >= runner.max_iters and pos.phase is not Phase.TRAIN
 
+    def validation_waiting(self) -> bool:
+        """Whether a validation of an iteration-based run fell due in the current accumulation
+        group, up to the position, and has not run: validation waits for the group's end,
+        so the checkpoints taken with it (a best file) hold no partial gradients."""
+        runner, pos = self.runner, self.runner.position
+        if runner.by_epoch or pos.phase is not Phase.TRAIN or pos.batch == 0:
+            return False
+        in_group = (pos.batch - 1) % runner.grad_accum + 1
+        return any(runner.validation_schedule.due(pos.iter - k) for k in range(in_group))
+
+    def closes_group(self, batches: int, per_epoch: int) -> bool:
+        """Whether ``batches`` done in an epoch end an accumulation group (the epoch's last
+        batch closes one)."""
+        return batches % self.runner.grad_accum == 0 or batches == per_epoch
+
     def iters_done(self) -> bool:
         runner = self.runner
         return not runner.by_epoch and runner.position.iter >= runner.max_iters
@@ -87,8 +101,9 @@ class TrainLoop:
         interval, last = reporter.interval, reporter.last
         step = TrainStep(runner, per_epoch)
         stop = self.stop
-        agree = stop.agree if stop.distributed else None
+        agree = reporter.agree_ranks if runner.world_size > 1 else None
         accum = runner.grad_accum
+        val_due = self.validation_waiting()  # resumed inside a group
         before_iter = hooks.before_train_iter if hooks.before_train_iter.used else None
         after_iter = hooks.after_train_iter if hooks.after_train_iter.used else None
         clock = runner.clock  # read inline: a method call per iteration costs a microsecond
@@ -116,20 +131,24 @@ class TrainLoop:
             pos.iter_ending = False
             if report:
                 paused = now()
-                reporter.report(done)
                 if agree is not None:
                     agree()
+                reporter.report(done)
                 paused = now() - paused  # reports are cut out of the next period
                 mark, since = mark + paused, since + paused
-            # a stop waits for the accumulation group's end: its partial gradients are not saved
+            # a stop and a validation wait for the accumulation group's end: partial gradients
+            # are not saved, so the checkpoints taken then would not resume exactly
             group_end = accum == 1 or (batch_idx + 1) % accum == 0 or batch_idx + 1 == per_epoch
             halt = stop.agreed is not None and group_end
-            if by_iters and not halt and schedule.due(done):
+            ending = runner.stop_training or halt or (by_iters and self.iters_done())
+            val_due = val_due or (by_iters and schedule.due(done))
+            if val_due and not halt and (group_end or ending):
+                val_due = False
                 paused = now()
-                self.validate(stoppable=group_end)
+                self.validate()
                 paused = now() - paused
                 mark, since = mark + paused, since + paused
-            if runner.stop_training or halt or (by_iters and self.iters_done()):
+            if ending or runner.stop_training:
                 break
         self.stopping()
 
@@ -146,23 +165,22 @@ class TrainLoop:
         self.hooks.after_train_epoch(runner=runner)
         pos.epoch_ending = False
 
-    def validate(self, stoppable: bool = True) -> None:
+    def validate(self) -> None:
         """Validate; the position says so before ``after_val_epoch``, so a checkpoint saved
         from there on (a best one) resumes after this validation, with the random state it
-        left. A stop signal inside validation cuts it short (when ``stoppable``: not inside an
-        accumulation group): the random state goes back to where validation began, and the
-        stop's save resumes by validating again."""
+        left. A stop signal inside validation cuts it short: the random state goes back to
+        where validation began, and the stop's save resumes by validating again."""
         runner, pos = self.runner, self.runner.position
         start = time.perf_counter()
-        rng = runner.rng_state() if self.stop.numbers and stoppable else None
+        rng = runner.rng_state() if self.stop.numbers else None
 
         def validated() -> None:
             pos.phase = Phase.VALIDATED
 
         metrics = evaluate_or_stop(
-            runner, runner._loaders["val"], "val", True, done=validated, stoppable=stoppable
+            runner, runner._loaders["val"], "val", True, done=validated, stoppable=True
         )
-        runner.reporter.validation_took(time.perf_counter() - start)
+        runner.clock.validated(time.perf_counter() - start)
         if metrics is None and rng is not None:
             runner.set_rng_state(rng)
             self.stopping()

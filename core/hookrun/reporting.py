@@ -3,12 +3,14 @@ end and after the last iteration (the loop decides, inline), the scalar store is
 (one host transfer) and ``train/*`` goes to every writer, then ``after_report`` lets plugins
 render it.
 
-Between reports an iteration costs one integer check: tensors stay on the device.
+Between reports an iteration costs one integer check: tensors stay on the device. Under
+torch.distributed a report point is also where the ranks meet, in one small all-reduce.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -23,26 +25,41 @@ class Reporter:
         self.runner = runner
         self.interval = interval
         self.lrs: list[float] = []  # the learning rates the reported iteration trained with
-        self.mark = (0.0, 0)  # (clock, completed iterations) at the previous report
-        self.val_seconds = 0.0  # validation time since the previous report
-        self.val_total = (0, 0.0)  # (passes, seconds) over this process's run
+        # (clock, completed iterations, the clock's validation seconds) at the previous report
+        self.mark = (0.0, 0, 0.0)
         self.last = 0  # the run's last iteration, fixed when training starts
+        self.group: Any = None  # a gloo group for the report points' all-reduce (CPU tensors)
 
     def start(self, done: int) -> None:
-        self.mark = (time.perf_counter(), done)
-        self.val_seconds = 0.0
-        self.last = self.runner.max_iters
+        runner = self.runner
+        self.mark = (time.perf_counter(), done, runner.clock.val_seconds)
+        self.last = runner.max_iters
+        if runner.world_size > 1 and self.group is None:
+            import torch.distributed as dist
+
+            timeout = timedelta(seconds=runner.dist_timeout)
+            self.group = dist.new_group(backend="gloo", timeout=timeout)
+
+    def agree_ranks(self) -> None:
+        """Under torch.distributed, every rank at every report point: one all-reduce (max) of
+        two numbers, on the CPU (no device sync), tells every rank the stop signal any rank
+        caught and the slowest rank's mean data time over the interval
+        (``clock.slowest_data_time``, which the timer publishes)."""
+        import torch.distributed as dist
+
+        runner = self.runner
+        stop, clock = runner.stop_signals, runner.clock
+        numbers = [float(stop.caught or 0), clock.take_data_time()]
+        values = torch.tensor(numbers, dtype=torch.float64)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.group)
+        signum, clock.slowest_data_time = values.tolist()
+        stop.settle(int(signum))
 
     def keep_lrs(self) -> None:
         """Called before a reported iteration's step: its learning rates are the ones logged."""
         optimizer = self.runner.optimizer
         groups = optimizer.param_groups if optimizer is not None else []
         self.lrs = [float(group["lr"]) for group in groups if "lr" in group]
-
-    def validation_took(self, seconds: float) -> None:
-        self.val_seconds += seconds
-        passes, total = self.val_total
-        self.val_total = (passes + 1, total + seconds)
 
     def report(self, done: int) -> None:
         """Read, write and announce the report of ``done`` completed iterations (rank 0)."""
@@ -64,16 +81,17 @@ class Reporter:
     def eta(self, done: int) -> float | None:
         """Seconds left: the remaining iterations at the last interval's pace (validation cut
         out), plus the remaining validations at their measured mean."""
-        now = time.perf_counter()
-        then, then_done = self.mark
-        self.mark = (now, done)
-        seconds, self.val_seconds = now - then - self.val_seconds, 0.0
+        clock = self.runner.clock
+        now, validating = time.perf_counter(), clock.val_seconds
+        then, then_done, then_validating = self.mark
+        self.mark = (now, done, validating)
         if done <= then_done:
             return None
+        seconds = now - then - (validating - then_validating)
         eta = (self.last - done) * max(seconds, 0.0) / (done - then_done)
-        passes, total = self.val_total
-        if passes:
-            eta += remaining_validations(self.runner, done) * total / passes
+        if clock.val_passes:
+            mean = validating / clock.val_passes
+            eta += remaining_validations(self.runner, done) * mean
         return eta
 
 

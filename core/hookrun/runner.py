@@ -274,7 +274,7 @@ class Runner:
         if self._loaders["train"] is None or self.optimizer is None:
             raise ConfigError("runner.train: train_dataloader and optimizer are required")
         stop = self.stop_signals
-        if not stop.install(self.world_size, self.dist_timeout):
+        if not stop.install(self.world_size):
             self.info("not in the main thread: stop signals are left alone")
         # one run per work dir: another process's lock is refused before the writers open
         lock = workdir.hold(self.work_dir, self.is_main, "use another work_dir", self.info)

@@ -179,7 +179,8 @@ class RunnerProtocol(Protocol):
     def clock(self) -> IterationClock:
         """Iteration timings the training loop takes itself (period, data time, samples),
         read by the timer plugin; ``clock.warmup`` sets how many it leaves out of the timed
-        totals."""
+        totals; under torch.distributed ``clock.slowest_data_time`` is the slowest rank's mean
+        data time over the last report interval."""
         ...
 
     @property

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,15 @@ INTERNAL_MODULES = (
     "loops",
 )
 """``hookrun.<name>`` modules a plugin must not import: the runner surface replaces them."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The ``timing`` marker: a test asserting wall-clock durations (sleeps, deadlines), which
+    a busy neighbour can break; ``nox -s tests`` runs these alone after the parallel part."""
+    config.addinivalue_line(
+        "markers", "timing: asserts wall-clock durations; run without parallel neighbours"
+    )
+
 
 # -- isolation -------------------------------------------------------------------------------
 
@@ -317,16 +326,20 @@ class NoisyData:
         return x, self.y[i]
 
 
-def resume_task_kwargs(work_dir: str | Path, workers: int = 0, **overrides: Any) -> dict[str, Any]:
+def resume_task_kwargs(
+    work_dir: str | Path, workers: int = 0, batch_norm: bool = False, **overrides: Any
+) -> dict[str, Any]:
     """Runner keyword arguments of a task with every state a resume must restore: RNG
     augmentation (:class:`NoisyData`), dropout, AdamW moments, a StepLR schedule; 3 epochs of
-    7 batches (40 samples, batch 6), validation each epoch, a JSONL log, seed 7."""
+    7 batches (40 samples, batch 6), validation each epoch, a JSONL log, seed 7. With
+    ``batch_norm`` a BatchNorm layer follows the first linear one (for precise-BN)."""
     import torch
     from torch import nn
     from torch.utils.data import DataLoader
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+    norm: list[nn.Module] = [nn.BatchNorm1d(16)] if batch_norm else []
+    model = nn.Sequential(nn.Linear(8, 16), *norm, nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     data: Dataset = NoisyData(40)  # type: ignore[assignment]
     val: Dataset = NoisyData(12)  # type: ignore[assignment]
@@ -418,12 +431,14 @@ def resume_job(
     workers: int = 0,
     save_every: int = 2,
     signal_at: Mapping[str, Any] | None = None,
+    batch_norm: bool = False,
     **overrides: Any,
 ) -> Runner:
     """Train the resume task (:func:`resume_task_kwargs`) with ``plugins`` in this process,
     saving every ``save_every`` iterations and each epoch (:class:`SaveEvery`), SIGKILLed
     once ``kill_at`` iterations ran (:class:`KillAt`); ``resume=True`` continues from the
-    newest checkpoint; ``signal_at`` holds :class:`SignalAt`'s arguments. Writes
+    newest checkpoint; ``signal_at`` holds :class:`SignalAt`'s arguments; ``batch_norm``
+    goes to :func:`resume_task_kwargs`. Writes
     ``work_dir/final.pt`` at the end and returns the runner.
     Sets one intra-op thread (restore it when calling this inside a test process)."""
     import torch
@@ -434,7 +449,9 @@ def resume_job(
     hooks = [SaveEvery(save_every), KillAt(kill_at), *overrides.pop("hooks", ())]
     if signal_at is not None:
         hooks.append(SignalAt(**signal_at))
-    kwargs = resume_task_kwargs(work_dir, workers, plugins=dict(plugins or {}), hooks=hooks)
+    kwargs = resume_task_kwargs(
+        work_dir, workers, batch_norm, plugins=dict(plugins or {}), hooks=hooks
+    )
     kwargs.update(overrides)
     runner = Runner(**kwargs)
     runner.train(resume="auto" if resume else None)
@@ -483,13 +500,14 @@ def run_resume_job(
 
 def check_kill_and_resume(
     tmp_path: str | Path,
-    kill_at: int = 11,
+    kill_at: int | Sequence[int] = 11,
     reference: str | Path | None = None,
     exact_plugins: Iterable[str] = (),
     **options: Any,
 ) -> Path:
-    """The kill-and-resume test: a run SIGKILLed once ``kill_at`` iterations ran, resumed
-    with ``resume="auto"``, ends with the same state as a run never interrupted
+    """The kill-and-resume test: a run SIGKILLed once ``kill_at`` iterations ran (a chain:
+    once each of a sequence of iteration counts, resuming with ``resume="auto"`` after each
+    kill), resumed to the end, ends with the same state as a run never interrupted
     (:func:`assert_same_checkpoint`; ``exact_plugins`` also compare whole plugin states).
 
     ``options`` go to :func:`resume_job` (``plugins``, ``workers``, ``save_every``, ...);
@@ -501,8 +519,10 @@ def check_kill_and_resume(
         run_resume_job(tmp_path / "reference", **options)
         reference = tmp_path / "reference" / "final.pt"
     crashed = tmp_path / "crashed"
-    run_resume_job(crashed, expect=-signal.SIGKILL, kill_at=kill_at, **options)
-    assert not (crashed / "final.pt").exists()
+    kills = [kill_at] if isinstance(kill_at, int) else list(kill_at)
+    for number, kill in enumerate(kills):
+        run_resume_job(crashed, expect=-signal.SIGKILL, kill_at=kill, resume=number > 0, **options)
+        assert not (crashed / "final.pt").exists()
     run_resume_job(crashed, resume=True, **options)
     assert_same_checkpoint(reference, crashed / "final.pt", plugins=exact_plugins)
     return crashed

@@ -7,16 +7,18 @@ files ``max_keep`` lets go are deleted: a crash at any moment leaves ``latest`` 
 complete checkpoint. The bookkeeping (rotating files, best scores) is plugin state, stored in
 every checkpoint, so it survives a resume.
 
-Nothing read from a checkpoint is used as a path: the bookkeeping keeps only plain file names
-of the plugin's own kinds (``epoch_<N>.pt``, ``iter_<N>.pt``, ``emergency_iter_<N>.pt``,
-``best_<metric>.pt``), and a name is only used (checked, rotated, deleted) while it resolves
-to a file directly in ``out_dir``; anything else is dropped with a notice.
+Nothing read from a checkpoint is used as a path (see ``hookrun_checkpoint.ledger``, which
+reads and checks the bookkeeping).
 
 Best files: a new best must beat the score each existing ``best_*.pt`` file of the metric
 actually holds (read from the file at the start of training), so a run resumed from an older
 checkpoint never replaces a better file of an abandoned timeline; a save that fails leaves the
 bookkeeping as it was; and the file the run resumed from is never written: while it is
 ``best_<metric>.pt``, the run's new bests of that metric go to ``best_<metric>.iter_<N>.pt``.
+
+With ``save_top_k``, the k best scores of a metric also keep their own
+``top_<metric>_<value>_iter_<N>.pt`` files. A run that a hook ends with ``stop_training`` saves
+its final state (``save_last``).
 
 Under gradient accumulation an iteration save waits for the end of its accumulation group (a
 file saved inside one would lose the gradients gathered so far), so every periodic file
@@ -28,13 +30,10 @@ from __future__ import annotations
 import math
 import re
 import sys
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from pydantic import Field, ValidationInfo, field_validator
 
 from hookrun import (
@@ -49,14 +48,25 @@ from hookrun import (
     dist,
     hookimpl,
     metric_rule,
+    resolve_rule,
+)
+from hookrun_checkpoint.background import BackgroundWriter, HostCopy
+from hookrun_checkpoint.ledger import (
+    BEST,
+    ROTATING,
+    TOP,
+    Rule,
+    inside,
+    plain_name,
+    position_name,
+    rank_top,
+    read_bookkeeping,
+    survey,
 )
 
-__all__ = ["Checkpoint", "CheckpointSettings"]
+__all__ = ["Checkpoint", "CheckpointSettings", "HostCopy"]
 
-Rule = Literal["greater", "less"]
 STALE_TEMP = re.compile(r"\.(?:[\w.-]+\.pt|latest)\..+\.tmp")
-ROTATING = re.compile(r"(?:emergency_)?iter_[0-9]+\.pt|epoch_[0-9]+\.pt")
-BEST = re.compile(r"best_[A-Za-z0-9_.-]+\.pt")
 
 
 class CheckpointSettings(PluginSettings):
@@ -81,8 +91,9 @@ class CheckpointSettings(PluginSettings):
     )
     save_last: bool = Field(
         True,
-        description="Also save at the end of training when the last epoch or iteration is not "
-        "a multiple of `interval`.",
+        description="Save the final state of every run: at the end of training when the last "
+        "epoch or iteration is not a multiple of `interval`, and when a hook (early stopping, "
+        "for instance) ends training with `stop_training`.",
     )
     save_best: str | list[str] | None = Field(
         None,
@@ -97,6 +108,13 @@ class CheckpointSettings(PluginSettings):
         "decides from the whole words of the name (loss, error, mse, ...: less; accuracy, auc, "
         "f1, map, iou, ...: greater; the last such word wins) and is an error for a name with "
         "none of them.",
+    )
+    save_top_k: int | None = Field(
+        None,
+        ge=1,
+        description="Also keep the `save_top_k` best checkpoints of each `save_best` metric as "
+        "`top_<metric>_<value>_iter_<N>.pt`, deleting the one that drops out (a tie keeps the "
+        "earlier); `null`: none. Needs `save_best`.",
     )
     save_optimizer: bool = Field(
         True,
@@ -132,14 +150,20 @@ class CheckpointSettings(PluginSettings):
             raise ValueError("'auto' stands alone, not in a list of names")
         return value
 
+    @field_validator("save_top_k")
+    @classmethod
+    def _check_top_k(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("save_best"):
+            raise ValueError("needs save_best: the metric whose best checkpoints are kept")
+        return value
+
     @field_validator("rule")
     @classmethod
     def _check_rule(cls, value: str, info: ValidationInfo) -> str:
         best = info.data.get("save_best")
         if value == "auto" and best not in (None, "auto"):
             for name in [best] if isinstance(best, str) else best:
-                if metric_rule(name) is None:
-                    raise ValueError(undecided(name))
+                resolve_rule(name, value)
         return value
 
 
@@ -155,6 +179,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         super().__init__(settings)
         self.kept: list[str] = []  # files max_keep rotates, oldest first
         self.best: dict[str, dict[str, Any]] = {}  # metric -> score, file, rule, epoch, iter
+        self.top: dict[str, list[dict[str, Any]]] = {}  # metric -> save_top_k entries, best first
         self.latest: str | None = None
         self.out_dir = Path("checkpoints")
         self.protected: str | None = None  # the file this run resumed from
@@ -171,6 +196,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         return {
             "kept": list(self.kept),
             "best": {metric: dict(entry) for metric, entry in self.best.items()},
+            "top": {metric: [dict(e) for e in entries] for metric, entries in self.top.items()},
             "latest": self.latest,
         }
 
@@ -178,36 +204,14 @@ class Checkpoint(Plugin[CheckpointSettings]):
         """Put back bookkeeping this plugin produced itself (no checks needed)."""
         self.kept = list(state["kept"])
         self.best = {metric: dict(entry) for metric, entry in state["best"].items()}
+        self.top = {metric: [dict(e) for e in entries] for metric, entries in state["top"].items()}
         self.latest = state["latest"]
         self.saved = saved
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take the bookkeeping a checkpoint holds, keeping only plain file names of the
         plugin's own kinds; what is dropped is named in ``before_train``."""
-        self.ignored = []
-        kept = state.get("kept") or []
-        self.kept = []
-        for name in kept if isinstance(kept, (list, tuple)) else [kept]:
-            if plain_name(name, ROTATING):
-                self.kept.append(name)
-            else:
-                self.ignored.append((f"kept entry {name!r}", "not a file name in"))
-        best = state.get("best") or {}
-        self.best = {}
-        for metric, entry in best.items() if isinstance(best, dict) else ():
-            if best_entry(entry) is None:
-                self.ignored.append((f"best entry {metric!r}", "not a valid entry"))
-            elif not plain_name(entry["file"], BEST):
-                what = f"best entry {metric!r} ({entry['file']!r})"
-                self.ignored.append((what, "not a file name in"))
-            else:
-                self.best[str(metric)] = dict(entry)
-        latest = state.get("latest")
-        self.latest = None
-        if plain_name(latest, ROTATING) or plain_name(latest, BEST):
-            self.latest = latest
-        elif latest is not None:
-            self.ignored.append((f"latest {latest!r}", "not a file name in"))
+        self.kept, self.best, self.top, self.latest, self.ignored = read_bookkeeping(state)
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -235,11 +239,14 @@ class Checkpoint(Plugin[CheckpointSettings]):
         for what, why in self.ignored:
             runner.info(f"checkpoint: ignoring {what} from the checkpoint: {why} {self.out_dir}")
         self.ignored = []
-        view = self._survey() if runner.is_main else None
+        view = None
+        if runner.is_main:
+            s = self.settings
+            view = survey(self.out_dir, self.kept, self.best, self.top, s.save_best, s.rule)
         if runner.world_size > 1:
             view = dist.all_gather_object(view)[0]
         assert view is not None
-        self.kept, self.best, notices = view
+        self.kept, self.best, self.top, notices = view
         for line in notices:
             runner.info(line)
         resumed, self.protected = runner.resumed_from, None
@@ -247,84 +254,6 @@ class Checkpoint(Plugin[CheckpointSettings]):
             self.protected = resumed.name
         if self.settings.save_best and runner.val_dataloader is None:
             runner.info("checkpoint: save_best is set but there is no val_dataloader")
-
-    def _survey(self) -> tuple[list[str], dict[str, dict[str, Any]], list[str]]:
-        """The kept names and best entries whose files exist in ``out_dir``, and a notice
-        for each name that resolves elsewhere (a symbolic link out of the folder)."""
-        notices: list[str] = []
-
-        def usable(what: str, name: str) -> bool:
-            if not self._inside(name):
-                notices.append(
-                    f"checkpoint: ignoring {what} from the checkpoint: it resolves outside "
-                    f"{self.out_dir}"
-                )
-                return False
-            return (self.out_dir / name).is_file()
-
-        kept = [name for name in self.kept if usable(f"kept entry {name!r}", name)]
-        best = {
-            metric: entry
-            for metric, entry in self.best.items()
-            if usable(f"best entry {metric!r} ({entry['file']!r})", entry["file"])
-        }
-        if self.settings.save_best:
-            best = self._best_on_disk(best, notices)
-        return kept, best, notices
-
-    def _best_on_disk(
-        self, best: dict[str, dict[str, Any]], notices: list[str]
-    ) -> dict[str, dict[str, Any]]:
-        """``best`` checked against the best files in ``out_dir``: each file says which
-        scores it holds itself (its bookkeeping's entries naming it). Such a score replaces
-        the bookkeeping's claim for that file, and the best of all the files' scores and the
-        claims that cannot be checked (a file that does not load) is the one to beat. Only
-        metrics this run saves are looked at (every one under ``save_best: auto``)."""
-        held: dict[str, dict[str, dict[str, Any]]] = {}  # file -> metric -> its own entry
-        for path in sorted(self.out_dir.glob("best_*.pt")):
-            if plain_name(path.name, BEST) and self._inside(path.name) and path.is_file():
-                held[path.name] = stored_best(path)
-        wanted = self.settings.save_best
-        names = (
-            None if wanted == "auto" else {wanted} if isinstance(wanted, str) else set(wanted or ())
-        )
-        result: dict[str, dict[str, Any]] = {}
-        metrics = set(best) | {m for own in held.values() for m in own}
-        for metric in sorted(metrics):
-            if names is not None and metric not in names and metric not in best:
-                continue
-            candidates = [entry for own in held.values() for m, entry in own.items() if m == metric]
-            claimed = best.get(metric)
-            if claimed is not None and metric not in held.get(claimed["file"], {}):
-                candidates.append(claimed)  # its file does not say: the claim stands
-            if not candidates:
-                continue
-            rule = self._rule(metric, candidates[0]["rule"])
-            top = candidates[0]
-            for entry in candidates[1:]:
-                if better(rule, entry["score"], top["score"]):
-                    top = entry
-            result[metric] = dict(top)
-            if claimed is None or (claimed["file"], claimed["score"]) != (
-                top["file"],
-                top["score"],
-            ):
-                notices.append(
-                    f"checkpoint: {top['file']} holds the best {metric} so far, "
-                    f"{top['score']:.6g}: only a better one replaces it"
-                )
-        return result
-
-    def _rule(self, metric: str, default: Rule) -> Rule:
-        """The rule this run compares ``metric`` by, ``default`` when it cannot tell yet."""
-        if self.settings.rule != "auto":
-            return self.settings.rule
-        return metric_rule(metric) or default
-
-    def _inside(self, name: str) -> bool:
-        """Whether ``name`` resolves to a path directly in ``out_dir``."""
-        folder = self.out_dir.resolve()
-        return (folder / name).resolve().parent == folder
 
     def unused_hooks(self, runner: RunnerProtocol) -> set[str]:
         """Saving by epoch needs no per-iteration hook."""
@@ -371,34 +300,46 @@ class Checkpoint(Plugin[CheckpointSettings]):
         """Save each metric that beats its best so far to its best file: ``best_<metric>.pt``,
         or ``best_<metric>.iter_<N>.pt`` while the former is the file this run resumed from;
         a best file of this metric that the new one supersedes is deleted after it, never
-        the resumed-from file."""
+        the resumed-from file. With ``save_top_k``, a score among the k best is also saved to
+        its top file, and the top file it pushes out is deleted (never the resumed-from file).
+        """
         if not self.training or self.stopped or not self.settings.save_best:
             return
         updates: dict[str, dict[str, Any]] = {}
+        top: dict[str, list[dict[str, Any]]] = {}
+        names: list[str] = []  # the top files to write, then the best files
         superseded: list[str] = []
         for metric, rule in self._best_metrics(metrics).items():
             value = float(metrics[metric])
-            entry = self.best.get(metric)
-            if math.isnan(value) or not (entry is None or better(rule, value, entry["score"])):
+            if math.isnan(value):
                 continue
-            stem = "best_" + re.sub(r"[^A-Za-z0-9_.-]", "_", metric)
-            name = f"{stem}.pt"
+            record = {"score": value, "rule": rule, "epoch": runner.epoch, "iter": runner.iter}
+            stem = re.sub(r"[^A-Za-z0-9_.-]", "_", metric)
+            if self.settings.save_top_k is not None:
+                name = f"top_{stem}_{value:.6g}_iter_{runner.iter}.pt"
+                entries = [e for e in self.top.get(metric, []) if e["file"] != name]
+                kept, dropped = rank_top(
+                    [*entries, {**record, "file": name}], self.settings.save_top_k
+                )
+                if any(e["file"] == name for e in kept) and name != self.protected:
+                    top[metric] = kept
+                    names.append(name)
+                    superseded += [e["file"] for e in dropped if e["file"] != self.protected]
+            entry = self.best.get(metric)
+            if not (entry is None or better(rule, value, entry["score"])):
+                continue
+            name = f"best_{stem}.pt"
             if name == self.protected:
-                name = f"{stem}.iter_{runner.iter}.pt"
-            updates[metric] = {
-                "score": value,
-                "file": name,
-                "rule": rule,
-                "epoch": runner.epoch,
-                "iter": runner.iter,
-            }
+                name = f"best_{stem}.iter_{runner.iter}.pt"
+            updates[metric] = {**record, "file": name}
             if entry is not None and entry["file"] not in (name, self.protected):
                 superseded.append(entry["file"])
-        if updates:
-            names = [entry["file"] for entry in updates.values()]
-            self._save(runner, names, best=updates, superseded=superseded)
+        names += [entry["file"] for entry in updates.values()]
+        if names:
+            self._save(runner, names, best=updates, top=top, superseded=superseded)
             scores = ", ".join(f"{m} {e['score']:.6g}" for m, e in updates.items())
-            runner.info(f"checkpoint: new best {scores}")
+            if scores:
+                runner.info(f"checkpoint: new best {scores}")
 
     @hookimpl
     def save_on_stop(self, runner: RunnerProtocol) -> Path:
@@ -413,8 +354,17 @@ class Checkpoint(Plugin[CheckpointSettings]):
         return self.out_dir / self.latest
 
     @hookimpl
-    def after_train(self) -> None:
-        self.training = False
+    def after_train(self, runner: RunnerProtocol) -> None:
+        """When a hook ended training with ``stop_training`` (not a stop signal: its save is
+        done), save the final state, unless the last file saved is a periodic one of it."""
+        training, self.training = self.training, False
+        if not (training and runner.stop_training and self.settings.save_last) or self.stopped:
+            return
+        saved = self.saved
+        if saved is None or saved[0] != runner.position.state_dict():
+            self._save(runner)
+        elif not plain_name(saved[1], ROTATING):
+            self._save(runner)  # the final state under a periodic name, beside its best file
 
     @hookimpl
     def after_run(self, runner: RunnerProtocol) -> None:
@@ -453,6 +403,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         runner: RunnerProtocol,
         names: list[str] | None = None,
         best: dict[str, dict[str, Any]] | None = None,
+        top: dict[str, list[dict[str, Any]]] | None = None,
         emergency: bool = False,
         background: bool = True,
         superseded: list[str] | None = None,
@@ -464,6 +415,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self._wait()
         previous, previous_saved = self.state_dict(), self.saved
         self.best.update(best or {})
+        self.top.update(top or {})
         state = runner.checkpoint_state(self.settings.save_optimizer)
         if names is None:
             names = [position_name(state, self.settings.by_epoch and not emergency)]
@@ -531,7 +483,8 @@ class Checkpoint(Plugin[CheckpointSettings]):
         except OSError as exc:
             raise CheckpointError(f"cannot write {pointer}: {exc.strerror or exc}") from exc
         for name in delete:
-            if not (plain_name(name, ROTATING) or plain_name(name, BEST)) or not self._inside(name):
+            own = any(plain_name(name, kind) for kind in (ROTATING, BEST, TOP))
+            if not own or not inside(self.out_dir, name):
                 continue  # never reached: the bookkeeping holds only such names
             try:
                 (self.out_dir / name).unlink(missing_ok=True)
@@ -554,191 +507,11 @@ class Checkpoint(Plugin[CheckpointSettings]):
                     f"plugins.checkpoint.save_best: validation reports no metric {name!r} "
                     f"(it reports: {', '.join(metrics) or 'nothing'})"
                 )
-            rule = self.settings.rule if self.settings.rule != "auto" else metric_rule(name)
-            if rule is None:
-                raise ConfigError(f"plugins.checkpoint.rule: {undecided(name)}")
-            rules[name] = rule
+            try:
+                rules[name] = resolve_rule(name, self.settings.rule)
+            except ValueError as exc:
+                raise ConfigError(f"plugins.checkpoint.rule: {exc}") from None
         return rules
 
 
-# -- helpers -----------------------------------------------------------------------------
-
-
 guess_rule = metric_rule  # this module's name for the rule before it moved into hookrun
-
-
-def undecided(metric: str) -> str:
-    """The error for ``rule: auto`` on a name that ``hookrun.metric_rule`` cannot decide."""
-    return (
-        f"cannot tell from the metric name {metric!r} whether greater or less is better; "
-        "set rule: greater or rule: less"
-    )
-
-
-def plain_name(value: Any, pattern: re.Pattern[str]) -> bool:
-    """Whether ``value`` is a plain file name of the kind ``pattern`` describes: a string
-    without separators, NUL or a drive, not empty, ``.`` or ``..``."""
-    return (
-        isinstance(value, str)
-        and value not in ("", ".", "..")
-        and not any(c in value for c in "/\\\0:")
-        and pattern.fullmatch(value) is not None
-    )
-
-
-def best_entry(entry: Any) -> dict[str, Any] | None:
-    """``entry`` when it has the shape of a best entry (a file name string, a finite or
-    infinite number as score, a rule), else None."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
-        return None
-    score = entry.get("score")
-    if isinstance(score, bool) or not isinstance(score, (int, float)) or math.isnan(score):
-        return None
-    if entry.get("rule") not in ("greater", "less"):
-        return None
-    return entry
-
-
-def stored_best(path: Path) -> dict[str, dict[str, Any]]:
-    """The best entries that the checkpoint ``path`` records for itself (those naming it),
-    read without loading its tensors; nothing when it does not load."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        best = state["plugins"]["checkpoint"]["best"]
-        entries = best.items() if isinstance(best, dict) else ()
-    except Exception:  # not a checkpoint of this plugin: it says nothing
-        return {}
-    return {
-        str(metric): dict(entry)
-        for metric, entry in entries
-        if best_entry(entry) is not None and entry["file"] == path.name
-    }
-
-
-def position_name(state: dict[str, Any], by_epoch: bool) -> str:
-    """``epoch_<N>.pt`` when the state sits at the end of an epoch and saving is by epoch,
-    else ``iter_<N>.pt`` (N completed epochs or iterations, as in ``state["meta"]``)."""
-    if by_epoch and state["loop"]["phase"] != "train":
-        return f"epoch_{state['meta']['epoch']}.pt"
-    return f"iter_{state['meta']['iter']}.pt"
-
-
-class BackgroundWriter:
-    """At most one checkpoint write in flight, in a thread; its error surfaces in ``wait``."""
-
-    def __init__(self) -> None:
-        self.thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-        self.host = HostCopy()
-
-    def submit(self, job: Callable[[], None], path: Path) -> None:
-        self.wait()
-
-        def run() -> None:
-            try:
-                self.host.ready()
-                job()
-            except CheckpointError as exc:
-                self.error = exc
-            except BaseException as exc:  # a failure the core did not name: name the file
-                self.error = CheckpointError(f"cannot write checkpoint {path}: {exc!r}")
-
-        self.thread = threading.Thread(target=run, name="hookrun-checkpoint-writer")
-        self.thread.start()
-
-    def wait(self) -> None:
-        """Block until the write in flight is done; raise its error here, in training."""
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-        error, self.error = self.error, None
-        if error is not None:
-            raise error
-
-    def release(self) -> None:
-        """Free the host buffers at the end of a run (they are reused within one)."""
-        self.host = HostCopy()
-
-
-class HostCopy:
-    """A copy of a state that later training steps cannot change: tensors in host buffers
-    (pinned for CUDA sources, copied without blocking), containers rebuilt.
-
-    Storages shared between tensors stay shared and whole, and a tensor met twice is copied
-    once, so ``torch.save`` of the copy writes the same bytes as of the original. Buffers are
-    reused from one save to the next: allocating hundreds of MB afresh costs page faults.
-    """
-
-    def __init__(self) -> None:
-        self.pool: list[torch.UntypedStorage] = []
-        self.copies: dict[int, torch.UntypedStorage] = {}  # by source storage
-        self.tensors: dict[int, torch.Tensor] = {}  # by id of the source tensor
-        self.event: Any = None
-
-    def copy(self, state: dict[str, Any]) -> dict[str, Any]:
-        self.copies, self.tensors = {}, {}
-        self.event = None
-        copied = self._tree(state)
-        if self.event is not None:
-            self.event.record()
-        return copied
-
-    def ready(self) -> None:
-        """Wait (in the writer thread) until copies from the device have landed."""
-        if self.event is not None:
-            self.event.synchronize()
-
-    def _tree(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):  # one tensor twice stays one object, as in pickle
-            if id(obj) not in self.tensors:
-                self.tensors[id(obj)] = self._tensor(obj)
-            return self.tensors[id(obj)]
-        if type(obj) in (dict, OrderedDict):
-            out = type(obj)((key, self._tree(value)) for key, value in obj.items())
-            if getattr(obj, "__dict__", None):  # state_dict()'s _metadata (module versions)
-                out.__dict__.update(_copy_plain(obj.__dict__))
-            return out
-        if type(obj) in (list, tuple):
-            return type(obj)(self._tree(value) for value in obj)
-        return obj  # numbers, strings and other immutable values
-
-    def _tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.layout != torch.strided or tensor.device.type == "meta":
-            return tensor.detach().to("cpu", copy=True)
-        source = tensor.untyped_storage()
-        target = self.copies.get(source._cdata)
-        if target is None:
-            on_device = tensor.device.type != "cpu"
-            target = self._buffer(source.nbytes(), pinned=tensor.device.type == "cuda")
-            target.copy_(source, non_blocking=on_device)
-            if tensor.device.type == "cuda" and self.event is None:
-                self.event = torch.cuda.Event()
-            self.copies[source._cdata] = target
-        view = torch.empty(0, dtype=tensor.dtype).set_(
-            target, tensor.storage_offset(), tensor.size(), tensor.stride()
-        )
-        if isinstance(tensor, torch.nn.Parameter):
-            return torch.nn.Parameter(view, requires_grad=tensor.requires_grad)
-        return view.requires_grad_(tensor.requires_grad)
-
-    def _buffer(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
-        index = len(self.copies)
-        if index < len(self.pool):
-            buffer = self.pool[index]
-            if buffer.nbytes() == nbytes and buffer.is_pinned() == pinned:
-                return buffer
-        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
-        if index < len(self.pool):
-            self.pool[index] = buffer
-        else:
-            self.pool.append(buffer)
-        return buffer
-
-
-def _copy_plain(obj: Any) -> Any:
-    """A deep copy of nested dicts and lists of plain values."""
-    if isinstance(obj, dict):
-        return type(obj)((key, _copy_plain(value)) for key, value in obj.items())
-    if isinstance(obj, list):
-        return [_copy_plain(value) for value in obj]
-    return obj

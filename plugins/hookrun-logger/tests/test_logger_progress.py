@@ -106,6 +106,7 @@ class Slow:
         time.sleep(0.0015)
 
 
+@pytest.mark.timing
 def test_bar_on_a_terminal_is_redrawn_by_time_not_by_iteration(make_runner):
     runner = make_runner(
         {"interval": 10, "refresh_per_second": 4},

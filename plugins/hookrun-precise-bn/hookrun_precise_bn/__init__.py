@@ -220,50 +220,51 @@ def shuffled_batches(
 
 
 class Moments:
-    """Sums of one layer's inputs, batch by batch, about a fixed per-channel pivot.
+    """Sums of one layer's inputs, batch by batch, each batch centred on its own mean.
 
-    The pivot is the layer's first input sample, within a few standard deviations of the mean,
-    so the sums lose nothing to a large mean and need no float64 copy of the batch. At the end
-    each batch's (count, mean, M2) is merged in float64 with Chan's formula, exact with
-    unequal batch sizes. Nothing here reads a value back to the host.
+    Centring on the batch's mean (two passes over the batch) keeps the summed squares of the
+    size of the batch's spread whatever the mean and whatever any one sample is, so float32
+    sums lose nothing and need no float64 copy of the batch (which made the pass 1.4-4.9x
+    slower). Each batch's (count, mean, M2) is then formed and merged in float64 with
+    Chan's formula, exact with unequal batch sizes. Nothing here reads a value back to the host.
     """
 
     def __init__(self) -> None:
-        self.pivot: torch.Tensor | None = None
-        self.batches: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self.batches: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def add(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Record a batch ``(N, C, *)`` (statistics over every dim but 1). Returns the batch
-        centred on the pivot, its per-channel sum and sum of squares, and a spare tensor of
-        the batch's shape (the squares, no longer needed), from which a BatchNorm normalises
-        without reducing the batch again or allocating another batch-sized tensor."""
+        centred on its mean, the per-channel sum and sum of squares of the centred values,
+        and a spare tensor of the batch's shape (the squares, no longer needed), from which a
+        BatchNorm normalises without reducing the batch again or allocating another one."""
         work = x.detach()
         if work.dtype not in (torch.float32, torch.float64):
             work = work.float()
         dims = [0, *range(2, work.dim())]
-        if self.pivot is None:
-            self.pivot = work[:1].mean(dims)
-        centred = work - _per_channel(self.pivot, work.dim())
+        centre = work.mean(dims)
+        centred = work - _per_channel(centre, work.dim())
         spare = centred.square()
-        s1, s2 = centred.sum(dims), spare.sum(dims)
-        self.batches.append((work.numel() // work.shape[1], s1, s2))
+        s1, s2 = centred.sum(dims), spare.sum(dims)  # s1: the rounding left in ``centre``
+        self.batches.append((work.numel() // work.shape[1], centre, s1, s2))
         return centred, s1, s2, spare
 
     def result(self, like: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
         """(count, mean, M2) over every batch, in float64 on ``like``'s device."""
         zeros = torch.zeros(like.shape, dtype=torch.float64, device=like.device)
-        if self.pivot is None:
+        if not self.batches:
             return 0, zeros, zeros.clone()
-        device = self.pivot.device
-        counts = torch.tensor([n for n, _, _ in self.batches], dtype=torch.float64, device=device)
-        counts = counts.unsqueeze(1)
-        s1 = torch.stack([s for _, s, _ in self.batches]).double()
-        s2 = torch.stack([s for _, _, s in self.batches]).double()
-        batch_means = s1 / counts  # minus the pivot, as is every mean here
-        total = sum(n for n, _, _ in self.batches)
-        mean = s1.sum(0) / total
-        m2 = (s2 - s1 * batch_means).sum(0) + (counts * (batch_means - mean).square()).sum(0)
-        return total, self.pivot.double() + mean, m2
+        device = self.batches[0][1].device
+        sizes = [n for n, _, _, _ in self.batches]
+        counts = torch.tensor(sizes, dtype=torch.float64, device=device).unsqueeze(1)
+        centres = torch.stack([c for _, c, _, _ in self.batches]).double()
+        s1 = torch.stack([s for _, _, s, _ in self.batches]).double()
+        s2 = torch.stack([s for _, _, _, s in self.batches]).double()
+        batch_means = centres + s1 / counts
+        batch_m2 = s2 - s1.square() / counts  # s1 is rounding-sized: no cancellation
+        total = sum(sizes)
+        mean = (counts * batch_means).sum(0) / total
+        m2 = batch_m2.sum(0) + (counts * (batch_means - mean).square()).sum(0)
+        return total, mean, m2
 
     def hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         """Forward pre-hook for BatchNorm variants with their own forward (SyncBatchNorm)."""

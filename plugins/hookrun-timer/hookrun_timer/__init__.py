@@ -29,7 +29,6 @@ from hookrun import (
     PluginSettings,
     Priority,
     RunnerProtocol,
-    dist,
     format_duration,
     hookimpl,
 )
@@ -113,14 +112,17 @@ class Timer(Plugin[TimerSettings]):
             "train/data_time": Deferred(segment.data_time),
             "train/throughput": Deferred(lambda: float(segment.speed()[1])),
         }
+        if runner.world_size > 1:  # the core measures it at every report point
+            clock = runner.clock
+            deferred["train/data_time_max"] = Deferred(
+                lambda: math.nan if clock.slowest_data_time is None else clock.slowest_data_time
+            )
         for name, value in deferred.items():
             runner.scalars.gauge(name, value)
 
     def unused_hooks(self, runner: RunnerProtocol) -> set[str]:
-        """Per-iteration work remains only for CUDA events and the slowest rank's data time."""
-        if self.events_wanted(runner) or runner.world_size > 1:
-            return set()
-        return {"after_train_iter"}
+        """Per-iteration work and validation's end matter only to CUDA events."""
+        return set() if self.events_wanted(runner) else {"after_train_iter", "after_val"}
 
     def events_wanted(self, runner: RunnerProtocol) -> bool:
         wanted = self.settings.cuda_events
@@ -132,25 +134,15 @@ class Timer(Plugin[TimerSettings]):
             self.segment.start_training()
 
     @hookimpl
-    def after_train_iter(self, runner: RunnerProtocol) -> None:
-        segment = self.segment
-        if segment is None:
-            return
-        segment.iteration_done()
-        window = self.settings.window
-        if segment.world_size > 1 and (runner.iter + 1) % window == 0 and segment.timed():
-            slowest_rank = slowest(segment.data_time(), runner.device)
-            runner.scalars.gauge("train/data_time_max", slowest_rank)
-
-    @hookimpl
-    def before_val(self) -> None:
-        if self.segment is not None and self.segment.training:
-            self.segment.pause()
+    def after_train_iter(self) -> None:
+        if self.segment is not None:
+            self.segment.iteration_done()
 
     @hookimpl
     def after_val(self) -> None:
+        """CUDA events: the next iteration's period starts after validation."""
         if self.segment is not None and self.segment.training:
-            self.segment.resume()
+            self.segment.restart_events()
 
     @hookimpl
     def after_train(self) -> None:
@@ -236,7 +228,6 @@ class Segment:
         self.clock.keep(settings.window)
         self.size = settings.window
         self.warmup = settings.warmup
-        self.world_size = runner.world_size
         self.events: deque[tuple[Any, Any, int]] | None = (
             deque(maxlen=settings.window) if use_events else None
         )
@@ -244,18 +235,12 @@ class Segment:
         self._speed: tuple[Any, Any] = (0.0, 0.0)
         self._speed_at = -1
         self.training = False
-        self.iters = self.val_passes = 0  # iterations seen by after_train_iter (CUDA events)
-        self.val_seconds = self.pause_start = 0.0
+        self.iters = 0  # iterations seen by after_train_iter (CUDA events)
 
     def start_training(self) -> None:
         self.training = True
         if self.events is not None:
             self.last_event = record_event()
-
-    def timed(self) -> bool:
-        """Whether an iteration past warm-up has been folded into the core clock."""
-        self.clock.fold()
-        return self.clock.timed_iters > 0
 
     def iteration_done(self) -> None:
         """CUDA events only: one recorded per iteration, its samples from the core clock."""
@@ -292,13 +277,7 @@ class Segment:
         samples = sum(count for _, _, count in window)
         return seconds / len(window), samples / seconds if seconds > 0 else 0.0
 
-    def pause(self) -> None:
-        self.pause_start = time.perf_counter()
-
-    def resume(self) -> None:
-        """Count the validation pass (the core clock already cuts it out of the periods)."""
-        self.val_passes += 1
-        self.val_seconds += time.perf_counter() - self.pause_start
+    def restart_events(self) -> None:
         if self.events is not None:
             self.last_event = record_event()
 
@@ -312,8 +291,8 @@ class Segment:
             "timed_iters": clock.timed_iters,
             "timed_seconds": clock.timed_seconds,
             "hooks": self.stats.total - self.hooks_start,
-            "val_passes": self.val_passes,
-            "val_seconds": self.val_seconds,
+            "val_passes": clock.val_passes,
+            "val_seconds": clock.val_seconds,
         }
 
 
@@ -400,10 +379,3 @@ def profile_table(rows: list[dict[str, Any]]) -> Table:
             f"{row['mean_us']:.1f} µs",
         )
     return table
-
-
-def slowest(data_time: float, device: Any) -> float:
-    """The slowest rank's data time: one small all-reduce, every ``window`` iterations on
-    every rank (a loader starving one rank stalls them all)."""
-    value = torch.tensor([data_time], dtype=torch.float64, device=device)
-    return float(dist.all_reduce_max(value).item())

@@ -45,6 +45,7 @@ class Reader:
         self.end = time.perf_counter()
 
 
+@pytest.mark.timing
 def test_data_and_iteration_times_match_the_sleeps(make_runner: Any) -> None:
     data, step, hook, batch = 0.020, 0.020, 0.010, 4
     reader = Reader()

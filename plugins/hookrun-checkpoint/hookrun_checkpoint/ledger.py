@@ -1,0 +1,215 @@
+"""The checkpoint plugin's bookkeeping: which files it keeps, read from a checkpoint and
+checked against the folder.
+
+Nothing read from a checkpoint is used as a path: only plain file names of the plugin's own
+kinds (``epoch_<N>.pt``, ``iter_<N>.pt``, ``emergency_iter_<N>.pt``, ``best_<metric>.pt``,
+``top_<metric>_<value>_iter_<N>.pt``) are taken, and a name is only used while it resolves to
+a file directly in the checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from hookrun import better, metric_rule
+
+Rule = Literal["greater", "less"]
+Kept = list[str]  # rotating files, oldest first
+Best = dict[str, dict[str, Any]]  # metric -> score, file, rule, epoch, iter
+Top = dict[str, list[dict[str, Any]]]  # metric -> save_top_k entries, best first
+ROTATING = re.compile(r"(?:emergency_)?iter_[0-9]+\.pt|epoch_[0-9]+\.pt")
+BEST = re.compile(r"best_[A-Za-z0-9_.-]+\.pt")
+TOP = re.compile(r"top_[A-Za-z0-9_.+-]+_iter_[0-9]+\.pt")
+
+
+def read_bookkeeping(
+    state: dict[str, Any],
+) -> tuple[Kept, Best, Top, str | None, list[tuple[str, str]]]:
+    """The kept names, best and top entries and latest name a checkpoint's plugin state holds,
+    keeping only plain file names of the plugin's own kinds, and (what, why) for each entry
+    dropped."""
+    ignored: list[tuple[str, str]] = []
+    kept = state.get("kept") or []
+    own_kept: Kept = []
+    for name in kept if isinstance(kept, (list, tuple)) else [kept]:
+        if plain_name(name, ROTATING):
+            own_kept.append(name)
+        else:
+            ignored.append((f"kept entry {name!r}", "not a file name in"))
+    best = state.get("best") or {}
+    own_best: Best = {}
+    for metric, entry in best.items() if isinstance(best, dict) else ():
+        if best_entry(entry) is None:
+            ignored.append((f"best entry {metric!r}", "not a valid entry"))
+        elif not plain_name(entry["file"], BEST):
+            what = f"best entry {metric!r} ({entry['file']!r})"
+            ignored.append((what, "not a file name in"))
+        else:
+            own_best[str(metric)] = dict(entry)
+    top = state.get("top") or {}
+    own_top: Top = {}
+    for metric, entries in top.items() if isinstance(top, dict) else ():
+        for entry in entries if isinstance(entries, (list, tuple)) else [entries]:
+            if best_entry(entry) is None or not plain_name(entry["file"], TOP):
+                ignored.append((f"top entry {metric!r} ({entry!r})", "not a file name in"))
+            else:
+                own_top.setdefault(str(metric), []).append(dict(entry))
+    latest = state.get("latest")
+    own_latest = None
+    if any(plain_name(latest, kind) for kind in (ROTATING, BEST, TOP)):
+        own_latest = latest
+    elif latest is not None:
+        ignored.append((f"latest {latest!r}", "not a file name in"))
+    return own_kept, own_best, own_top, own_latest, ignored
+
+
+def survey(
+    out_dir: Path, kept: Kept, best: Best, top: Top, save_best: Any, rule: str
+) -> tuple[Kept, Best, Top, list[str]]:
+    """The kept names, best and top entries whose files exist in ``out_dir`` (best scores
+    checked against the best files themselves), and a notice for each name that resolves
+    elsewhere (a symbolic link out of the folder)."""
+    notices: list[str] = []
+
+    def usable(what: str, name: str) -> bool:
+        if not inside(out_dir, name):
+            notices.append(
+                f"checkpoint: ignoring {what} from the checkpoint: it resolves outside {out_dir}"
+            )
+            return False
+        return (out_dir / name).is_file()
+
+    kept = [name for name in kept if usable(f"kept entry {name!r}", name)]
+    best = {
+        metric: entry
+        for metric, entry in best.items()
+        if usable(f"best entry {metric!r} ({entry['file']!r})", entry["file"])
+    }
+    top = {
+        metric: [e for e in entries if usable(f"top entry {metric!r} ({e['file']!r})", e["file"])]
+        for metric, entries in top.items()
+    }
+    if save_best:
+        best = best_on_disk(out_dir, best, save_best, rule, notices)
+    return kept, best, top, notices
+
+
+def best_on_disk(
+    out_dir: Path, best: Best, wanted: Any, rule_setting: str, notices: list[str]
+) -> Best:
+    """``best`` checked against the best files in ``out_dir``: each file says which
+    scores it holds itself (its bookkeeping's entries naming it). Such a score replaces
+    the bookkeeping's claim for that file, and the best of all the files' scores and the
+    claims that cannot be checked (a file that does not load) is the one to beat. Only
+    metrics this run saves are looked at (every one under ``save_best: auto``)."""
+    held: dict[str, dict[str, dict[str, Any]]] = {}  # file -> metric -> its own entry
+    for path in sorted(out_dir.glob("best_*.pt")):
+        if plain_name(path.name, BEST) and inside(out_dir, path.name) and path.is_file():
+            held[path.name] = stored_best(path)
+    names = None if wanted == "auto" else {wanted} if isinstance(wanted, str) else set(wanted or ())
+    result: dict[str, dict[str, Any]] = {}
+    metrics = set(best) | {m for own in held.values() for m in own}
+    for metric in sorted(metrics):
+        if names is not None and metric not in names and metric not in best:
+            continue
+        candidates = [entry for own in held.values() for m, entry in own.items() if m == metric]
+        claimed = best.get(metric)
+        if claimed is not None and metric not in held.get(claimed["file"], {}):
+            candidates.append(claimed)  # its file does not say: the claim stands
+        if not candidates:
+            continue
+        rule = rule_for(metric, rule_setting, candidates[0]["rule"])
+        top = candidates[0]
+        for entry in candidates[1:]:
+            if better(rule, entry["score"], top["score"]):
+                top = entry
+        result[metric] = dict(top)
+        if claimed is None or (claimed["file"], claimed["score"]) != (
+            top["file"],
+            top["score"],
+        ):
+            notices.append(
+                f"checkpoint: {top['file']} holds the best {metric} so far, "
+                f"{top['score']:.6g}: only a better one replaces it"
+            )
+    return result
+
+
+def rule_for(metric: str, rule: str, default: Rule) -> Rule:
+    """The rule a run compares ``metric`` by, ``default`` when it cannot tell yet."""
+    if rule in ("greater", "less"):
+        return rule  # type: ignore[return-value]
+    return metric_rule(metric) or default
+
+
+def inside(out_dir: Path, name: str) -> bool:
+    """Whether ``name`` resolves to a path directly in ``out_dir``."""
+    folder = out_dir.resolve()
+    return (folder / name).resolve().parent == folder
+
+
+def rank_top(
+    entries: list[dict[str, Any]], k: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ``k`` best of ``entries`` (best first) and the rest: by score in the direction of
+    their rule, equal scores by iteration, so a tie keeps the earlier checkpoint."""
+
+    def key(entry: dict[str, Any]) -> tuple[float, int]:
+        score = float(entry["score"])
+        return (-score if entry["rule"] == "greater" else score, int(entry["iter"]))
+
+    ranked = sorted(entries, key=key)
+    return ranked[:k], ranked[k:]
+
+
+def plain_name(value: Any, pattern: re.Pattern[str]) -> bool:
+    """Whether ``value`` is a plain file name of the kind ``pattern`` describes: a string
+    without separators, NUL or a drive, not empty, ``.`` or ``..``."""
+    return (
+        isinstance(value, str)
+        and value not in ("", ".", "..")
+        and not any(c in value for c in "/\\\0:")
+        and pattern.fullmatch(value) is not None
+    )
+
+
+def best_entry(entry: Any) -> dict[str, Any] | None:
+    """``entry`` when it has the shape of a best entry (a file name string, a finite or
+    infinite number as score, a rule), else None."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+        return None
+    score = entry.get("score")
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or math.isnan(score):
+        return None
+    if entry.get("rule") not in ("greater", "less"):
+        return None
+    return entry
+
+
+def stored_best(path: Path) -> dict[str, dict[str, Any]]:
+    """The best entries that the checkpoint ``path`` records for itself (those naming it),
+    read without loading its tensors; nothing when it does not load."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        best = state["plugins"]["checkpoint"]["best"]
+        entries = best.items() if isinstance(best, dict) else ()
+    except Exception:  # not a checkpoint of this plugin: it says nothing
+        return {}
+    return {
+        str(metric): dict(entry)
+        for metric, entry in entries
+        if best_entry(entry) is not None and entry["file"] == path.name
+    }
+
+
+def position_name(state: dict[str, Any], by_epoch: bool) -> str:
+    """``epoch_<N>.pt`` when the state sits at the end of an epoch and saving is by epoch,
+    else ``iter_<N>.pt`` (N completed epochs or iterations, as in ``state["meta"]``)."""
+    if by_epoch and state["loop"]["phase"] != "train":
+        return f"epoch_{state['meta']['epoch']}.pt"
+    return f"iter_{state['meta']['iter']}.pt"
