@@ -185,3 +185,30 @@ def test_bad_setting_is_one_line_naming_the_field(field: str, tmp_path: Path) ->
         )
     assert len(info.value.lines) == 1
     assert info.value.lines[0].startswith(message)
+
+
+@needs_checkpoint
+def test_stop_leaves_the_finite_state_in_the_checkpoint_plugins_final_save(tmp_path: Path) -> None:
+    """Default checkpoint settings (by epoch): the run stopped at iteration 1 is saved by
+    the checkpoint plugin's final save on stop_training, with the weights it stopped with."""
+    inject = Inject("grad", {1})
+    model = toy_model()
+    runner = Runner(
+        model,
+        train_dataloader=toy_data(12, 4, shuffle=False),
+        optimizer=torch.optim.Adam(model.parameters(), lr=0.1),
+        criterion=inject.criterion,
+        max_epochs=2,
+        work_dir=tmp_path / "run",
+        plugins={"nan_guard": {"action": "stop"}, "checkpoint": {}},
+        hooks=[inject],
+        writers=(),
+    )
+    runner.train()
+    (path,) = (tmp_path / "run" / "checkpoints").glob("*.pt")
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["meta"]["iter"] == 2
+    for name, tensor in floating_tensors(checkpoint):
+        assert torch.isfinite(tensor).all(), name
+    for name, value in model.state_dict().items():
+        assert torch.equal(checkpoint["model"][name], value), name
