@@ -16,7 +16,7 @@ import torch
 from nan_guard_testing import Inject
 
 from hookrun import PluginError, Runner, hookimpl
-from hookrun.testing import isolated_env, toy_data, toy_model
+from hookrun.testing import isolated_env, tensors, toy_data, toy_model
 
 needs_checkpoint = pytest.mark.skipif(
     importlib.util.find_spec("hookrun_checkpoint") is None,
@@ -24,14 +24,8 @@ needs_checkpoint = pytest.mark.skipif(
 )
 
 
-def floating_tensors(obj: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
-    if isinstance(obj, torch.Tensor):
-        return [(path, obj)] if obj.is_floating_point() else []
-    if isinstance(obj, dict):
-        return [t for k, v in obj.items() for t in floating_tensors(v, f"{path}/{k}")]
-    if isinstance(obj, list | tuple):
-        return [t for i, v in enumerate(obj) for t in floating_tensors(v, f"{path}/{i}")]
-    return []
+def floating_tensors(checkpoint: Any) -> list[tuple[str, torch.Tensor]]:
+    return [(name, t) for name, t in tensors(checkpoint) if t.is_floating_point()]
 
 
 def run_with_checkpoints(tmp_path: Path, guard: dict[str, Any], at: set[int]) -> Runner:
