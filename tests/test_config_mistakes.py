@@ -153,6 +153,23 @@ def test_a_folder_without_write_permission_is_a_config_error(toy):
     ]
 
 
+@pytest.mark.parametrize(
+    ("flag", "free", "problem"),
+    [(os.ST_RDONLY, 2**30, "read-only file system"), (0, 2**19, "no space left")],
+)
+def test_a_read_only_or_full_file_system_is_a_config_error(toy, monkeypatch, flag, free, problem):
+    """Neither can be made here (the tests run as root and cannot mount a small file system):
+    the file system's answer is replaced, the check is the real one."""
+    real = os.statvfs(toy.parent)
+    fake = os.statvfs_result(
+        (real.f_bsize, 1, real.f_blocks, free, free, *real[5:8], real.f_flag | flag, real[9])
+    )
+    monkeypatch.setattr(os, "statvfs", lambda path: fake)
+    (line,) = errors_of(toy, f"runner.work_dir={toy.parent}/run")
+    assert line.startswith("runner.work_dir: ") and problem in line
+    assert not (toy.parent / "run").exists()
+
+
 def test_optimizer_and_scheduler_sections_are_checked_before_any_model(toy):
     lines = errors_of(
         toy,
