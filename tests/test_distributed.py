@@ -142,6 +142,7 @@ def test_group_sigterm_with_loader_workers_under_torchrun_saves_and_resumes_exac
     assert_identical(two_rank_run / "final.pt", stopped / "final.pt")
 
 
+@pytest.mark.timing
 def test_exception_on_one_rank_ends_both(tmp_path):
     start = time.monotonic()
     proc = torchrun(tmp_path, "--fail-at", "4", timeout=180)
@@ -304,6 +305,7 @@ def test_a_two_rank_checkpoint_continues_on_one_and_on_three_ranks(two_rank_run,
     assert sorted(alone["2"]) == list(range(48))
 
 
+@pytest.mark.timing
 def test_a_hung_rank_ends_the_job_within_dist_timeout(tmp_path):
     """Rank 1 sleeps in a hook: rank 0's collective fails after ``dist_timeout``; the hung
     rank, given torchrun's SIGTERM, ends once it made no progress for ``dist_timeout``."""
