@@ -113,12 +113,24 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def broadcast_from_rank_0(tensor: torch.Tensor) -> None:
+    """Give every rank rank 0's ``tensor``, in place (a no-op in a single process). A CPU
+    tensor under nccl travels through the current CUDA device."""
+    if not is_distributed():
+        return
+    if tensor.device.type == "cpu" and dist.get_backend() == "nccl":
+        staged = tensor.cuda()
+        dist.broadcast(staged, src=0)
+        tensor.copy_(staged)
+    else:
+        dist.broadcast(tensor, src=0)
+
+
 def broadcast_buffers(module: torch.nn.Module) -> None:
     """Give every rank rank 0's buffers (BatchNorm statistics drift apart after the last
     forward of DDP, which only broadcasts them at the start of each forward)."""
-    if is_distributed():
-        for buffer in module.buffers():
-            dist.broadcast(buffer, src=0)
+    for buffer in module.buffers():
+        broadcast_from_rank_0(buffer)
 
 
 def all_gather_object(obj: Any) -> list[Any]:

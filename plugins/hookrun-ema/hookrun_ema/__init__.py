@@ -26,6 +26,7 @@ from hookrun import (
     PluginSettings,
     Priority,
     RunnerProtocol,
+    dist,
     hookimpl,
 )
 
@@ -121,6 +122,13 @@ class EMA(Plugin[EMASettings]):
         if runner.iter + 1 == self.settings.start_iter:
             assert self.shadow is not None
             self.shadow.refresh()
+
+    @hookimpl
+    def after_train_epoch(self, runner: RunnerProtocol) -> None:
+        """Under torch.distributed each rank's BatchNorm statistics come from its own batches:
+        every rank takes rank 0's averaged buffers, as the core does for the model's."""
+        if runner.world_size > 1 and self.shadow is not None:
+            self.shadow.broadcast_buffers()
 
     # -- evaluation ----------------------------------------------------------------------
 
@@ -268,6 +276,7 @@ class Shadow:
         self.tensors: list[torch.Tensor] = []  # the average
         self.slots: dict[str, int] = {}  # every state-dict key (tied ones too) -> index
         params = {id(p) for p in model.parameters()}
+        self.buffers: list[int] = []  # entries that are not parameters
         first: dict[int, int] = {}
         lerp: list[int] = []
         mixed: list[int] = []
@@ -282,6 +291,8 @@ class Shadow:
             dtype = shadow_dtype(value.dtype) if averaged else value.dtype
             tensor = value.detach().to(self.device or value.device, dtype, copy=True)
             index = len(self.keys)
+            if id(value) not in params:
+                self.buffers.append(index)
             first[id(value)] = self.slots[key] = index
             self.keys.append(key)
             self.targets.append(value)
@@ -321,6 +332,11 @@ class Shadow:
             if self.copy:
                 tensors, targets = self._pick(self.copy)
                 torch._foreach_copy_(tensors, self._sources(targets))
+
+    def broadcast_buffers(self) -> None:
+        """Rank 0's averaged buffers on every rank."""
+        for index in self.buffers:
+            dist.broadcast_from_rank_0(self.tensors[index])
 
     def refresh(self) -> None:
         """The average set to the current weights (tracking before ``start_iter``)."""

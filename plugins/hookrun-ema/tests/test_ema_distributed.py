@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from ema_testing import accuracy, bn_mlp, loader
 from torch import nn
@@ -15,25 +17,27 @@ from torch import nn
 from hookrun import Runner
 
 SCRIPT = """
-import os, sys
+import json, os, sys
 import torch
 from torch import nn
 from hookrun import Runner
 from ema_testing import accuracy, bn_mlp, loader
 
 torch.set_num_threads(1)
+buffers, validate = json.loads(sys.argv[2])
 model = bn_mlp()
 runner = Runner(
     model, train_dataloader=loader(96, seed=0, shuffle=True),
-    val_dataloader=loader(48, seed=1, shuffle=False), criterion=nn.CrossEntropyLoss(),
+    val_dataloader=loader(48, seed=1, shuffle=False) if validate else None,
+    criterion=nn.CrossEntropyLoss(),
     metrics={"accuracy": accuracy}, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
     max_epochs=2, work_dir=sys.argv[1], writers=(), device="cpu",
-    plugins={"ema": {"decay": 0.9}},
+    plugins={"ema": {"decay": 0.9, "buffers": buffers}},
 )
 runner.train()
 assert isinstance(runner.model, nn.parallel.DistributedDataParallel)
 state = runner.plugins["ema"].state_dict()
-torch.save({"ema": state["model"], "val": runner.last_metrics["val"]},
+torch.save({"ema": state["model"], "val": runner.last_metrics.get("val")},
            os.path.join(sys.argv[1], f"rank{runner.rank}.pt"))
 """
 
@@ -44,7 +48,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_gloo_ranks_keep_the_same_average(tmp_path) -> None:
+@pytest.mark.parametrize(("buffers", "validate"), [("copy", True), ("average", False)])
+def test_two_gloo_ranks_keep_the_same_average(tmp_path, buffers: str, validate: bool) -> None:
+    """Every rank's BatchNorm statistics come from its own batches: the ranks' averages of
+    them agree also without a validation (which evaluates rank 0's)."""
     (tmp_path / "job.py").write_text(SCRIPT)
     env = dict(os.environ, HOOKRUN_PLUGINS_AUTOLOAD="0", OMP_NUM_THREADS="1", WORLD_SIZE="2")
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -52,7 +59,12 @@ def test_two_gloo_ranks_keep_the_same_average(tmp_path) -> None:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
     procs = [
         subprocess.Popen(
-            [sys.executable, str(tmp_path / "job.py"), str(tmp_path)],
+            [
+                sys.executable,
+                str(tmp_path / "job.py"),
+                str(tmp_path),
+                json.dumps([buffers, validate]),
+            ],
             env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
         )
         for r in range(2)
@@ -62,6 +74,8 @@ def test_two_gloo_ranks_keep_the_same_average(tmp_path) -> None:
     assert ranks[0]["val"] == ranks[1]["val"]
     for key, value in ranks[0]["ema"].items():
         assert torch.equal(value, ranks[1]["ema"][key]), key
+    if not validate:
+        return
     # the metrics validation reported are those of the averaged weights
     model = bn_mlp()
     model.load_state_dict(ranks[0]["ema"])
