@@ -1,19 +1,22 @@
-"""Two-process jobs for the FSDP tests; run them under torchrun.
+"""The FSDP tests' task and jobs; run under torchrun.
 
-Usage: torchrun --nproc-per-node=2 fsdp_job.py WORK_DIR compare
-   (a DDP run, then the same run under FSDP, in one process group: weights, metrics and the
-   hook points each rank saw, saved by rank 0 for the test to compare)
-
-Also the task of the CLI test's config (``task: fsdp_job.py:build``).
+``build`` is the task of the CLI tests' config (``task: fsdp_job.py:build``); ``RUN`` the
+runner settings they share. ``torchrun --nproc-per-node=2 fsdp_job.py WORK_DIR`` trains the
+same run under DDP, then under FSDP, in one process group. Every run writes what the tests
+compare (weights, metrics, the hook points each rank saw) to ``result_rank<N>.pt`` in its
+work dir.
 """
 
 from __future__ import annotations
 
-import argparse
+import os
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -50,16 +53,32 @@ def accuracy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (out.argmax(1) == y).float().mean()
 
 
-def build(lr: float = 0.01) -> dict[str, Any]:
-    """The CLI test's task: 9 validation samples give rank 0 two batches and rank 1 one."""
+#: the runner settings of every run here (the CLI tests' ``runner:`` section too)
+RUN: dict[str, Any] = {
+    "max_epochs": 2,
+    "grad_accum": 2,
+    "clip_grad": 0.05,
+    "log_interval": 5,
+    "writers": ["jsonl"],
+    "strategy": "fsdp",
+    "fsdp": {"wrap": ["Block"]},
+    "seed": 3,
+}
+
+
+def build(kill_in_save: int | None = None) -> dict[str, Any]:
+    """40 samples (5 batches of 4 per rank and epoch); 9 validation samples give rank 0
+    two batches and rank 1 one. SGD with momentum: AdamW would magnify the rounding noise of
+    a gradient that is zero (the first layer's bias, before BatchNorm)."""
     net = model()
     return {
         "model": net,
         "train_dataloader": data(40, 1, shuffle=True),
         "val_dataloader": data(9, 2, shuffle=False),
-        "optimizer": torch.optim.AdamW(net.parameters(), lr=lr),
+        "optimizer": torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9),
         "criterion": nn.CrossEntropyLoss(),
         "metrics": {"accuracy": accuracy},
+        "hooks": [Recorder(), SaveAt(kill_in_save)],
     }
 
 
@@ -96,50 +115,52 @@ class Recorder:
     def after_val_epoch(self, runner: Any) -> None:
         self.note("after_val_epoch", runner)
 
-
-def compare(work_dir: Path) -> None:
-    """The same run under DDP and under FSDP (wrap by class, accumulation, clipping)."""
-    results: dict[str, Any] = {}
-    for strategy in ("ddp", "fsdp"):
-        task = build()  # SGD: AdamW would magnify the rounding noise of a zero gradient
-        task["optimizer"] = torch.optim.SGD(task["model"].parameters(), lr=0.05, momentum=0.9)
-        rec = Recorder()
-        runner = Runner(
-            **task,
-            max_epochs=2,
-            grad_accum=2,
-            clip_grad=0.05,
-            log_interval=5,
-            work_dir=work_dir / strategy,
-            writers=("jsonl",),
-            hooks=[rec],
-            strategy=strategy,
-            fsdp={"wrap": ["Block"]},
-            seed=3,
-        )
-        runner.train()
-        weights = (
-            full_state_dict(runner.model)
-            if strategy == "fsdp"
-            else runner.unwrapped_model.state_dict()
-        )
-        results[strategy] = {
+    @hookimpl
+    def after_train(self, runner: Any) -> None:
+        """What the tests compare, from every rank (the full weights gathered under FSDP)."""
+        sharded = runner.strategy == "fsdp"
+        weights = full_state_dict(runner.model) if sharded else runner.unwrapped_model.state_dict()
+        result = {
             "weights": {k: v.detach().clone() for k, v in weights.items()},
             "metrics": runner.last_metrics["val"],
-            "calls": rec.calls,
+            "calls": self.calls,
             "sharded": [type(p).__name__ for p in runner.model.parameters()],
+            "resumed_from": str(runner.resumed_from),
         }
-    rank = torch.distributed.get_rank()
-    torch.save(results, work_dir / f"compare_rank{rank}.pt")
-    torch.save(model().state_dict(), work_dir / "start.pt")
+        torch.save(result, runner.work_dir / f"result_rank{runner.rank}.pt")
+
+
+class SaveAt:
+    """A checkpoint after iterations 4, 7 and 9 (each closes an accumulation group: 5
+    batches per epoch in groups of 2, the epoch's last alone) through
+    ``runner.save_checkpoint``; with
+    ``kill_in_save``, rank 1 is SIGKILLed inside that save, right after DCP wrote its shard
+    (before ``.metadata``), and torchrun ends rank 0."""
+
+    def __init__(self, kill_in_save: int | None) -> None:
+        self.kill_in_save = kill_in_save
+
+    @hookimpl
+    def after_train_iter(self, runner: Any) -> None:
+        if runner.iter + 1 not in (4, 7, 9):
+            return
+        if runner.iter + 1 == self.kill_in_save and runner.rank == 1:
+            write_data = dcp.FileSystemWriter.write_data
+
+            def write_then_die(writer: Any, *args: Any, **kwargs: Any) -> Any:
+                written = write_data(writer, *args, **kwargs)
+                written.wait()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            dcp.FileSystemWriter.write_data = write_then_die  # type: ignore[method-assign]
+        runner.save_checkpoint(runner.checkpoint_dir / f"iter_{runner.iter + 1}.pt")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("work_dir", type=Path)
-    parser.add_argument("job", choices=["compare"])
-    args = parser.parse_args()
-    compare(args.work_dir)
+    work_dir = Path(sys.argv[1])
+    for strategy in ("ddp", "fsdp"):
+        Runner(**build(), **{**RUN, "strategy": strategy}, work_dir=work_dir / strategy).train()
+    torch.save(model().state_dict(), work_dir / "start.pt")
 
 
 if __name__ == "__main__":

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from fsdp_job import Block, build, model
+from fsdp_job import RUN, Block, build, model
 from torch import nn
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from hookrun import Runner
 from hookrun.arguments import FsdpSettings
-from hookrun.errors import ConfigError
+from hookrun.errors import CheckpointMismatchError, ConfigError
 from hookrun.fsdp import units_to_shard
+from hookrun.sharded import full_model_state
+from hookrun.state import load
 from hookrun.testing import run_job, toy_data
 
 JOB = Path(__file__).with_name("fsdp_job.py")
@@ -35,26 +40,29 @@ def scalars(work_dir: Path, name: str) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
-    """One launch: the same 2-rank run under DDP, then under FSDP (fsdp_job.compare)."""
+    """One launch: the same 2-rank run under DDP, then under FSDP (fsdp_job.main)."""
     work_dir = tmp_path_factory.mktemp("compare")
-    torchrun(JOB, work_dir, "compare")
+    torchrun(JOB, work_dir)
     return work_dir
 
 
+def result(work_dir: Path, rank: int) -> dict:
+    return torch.load(work_dir / f"result_rank{rank}.pt", weights_only=True)
+
+
 def test_fsdp_ends_with_the_weights_metrics_and_hook_points_of_ddp(compared):
-    # 40 samples, batches of 4 per rank, accumulation over 2, clip at 0.05, SGD + momentum:
-    # FSDP2 reduces the same sums as DDP, so the weights agree to float rounding (bit for
-    # bit here; the tolerance allows another order of the reduction).
+    # FSDP2 reduces the same sums as DDP, so the weights agree to float rounding: bit for
+    # bit here; the tolerance allows another order of the reduction elsewhere
     for rank in (0, 1):
-        result = torch.load(compared / f"compare_rank{rank}.pt", weights_only=True)
-        ddp, fsdp = result["ddp"], result["fsdp"]
+        ddp, fsdp = result(compared / "ddp", rank), result(compared / "fsdp", rank)
         assert set(fsdp["sharded"]) == {"DTensor"} and set(ddp["sharded"]) == {"Parameter"}
         assert fsdp["weights"].keys() == ddp["weights"].keys()
         for name, tensor in ddp["weights"].items():
             torch.testing.assert_close(fsdp["weights"][name], tensor, rtol=0, atol=1e-6)
         assert fsdp["metrics"] == pytest.approx(ddp["metrics"], rel=1e-6)
         assert fsdp["calls"] == ddp["calls"]
-        # rank 0 has two validation batches of 9 samples, rank 1 one
+        # rank 0 has two validation batches of 9 samples, rank 1 one (its other forward
+        # under FSDP repeats its batch uncounted)
         assert ddp["calls"].count("after_val_iter@10") == 2 - rank
     start = torch.load(compared / "start.pt", weights_only=True)
     assert not torch.equal(start["4.weight"], ddp["weights"]["4.weight"])  # it trained
@@ -66,27 +74,6 @@ def test_clipping_sees_the_norm_of_every_shard(compared):
     assert ddp.keys() == fsdp.keys() and len(ddp) >= 2
     assert fsdp == pytest.approx(ddp, rel=1e-6)
     assert min(ddp.values()) > 0.05  # the clip (0.05) was in force at every step
-
-
-def test_torchrun_cli_trains_with_strategy_fsdp(tmp_path):
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "task": f"{JOB}:build",
-                "runner": {
-                    "max_epochs": 1,
-                    "strategy": "fsdp",
-                    "fsdp": {"wrap": ["Block"], "reshard_after_forward": False},
-                    "work_dir": str(tmp_path / "run"),
-                    "writers": ["jsonl"],
-                },
-            }
-        )
-    )
-    torchrun("-m", "hookrun", "train", config)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows if "val/accuracy" in row] == [5]
 
 
 def test_fsdp_in_one_process_is_a_one_line_config_error(tmp_path):
@@ -125,3 +112,81 @@ def test_runner_fsdp_settings_are_checked(tmp_path):
         str(info.value) == "runner.fsdp.wrapp: unknown key (did you mean 'wrap'?) (keys: "
         "wrap, min_params, reshard_after_forward, cpu_offload)"
     )
+
+
+# -- sharded checkpoints ---------------------------------------------------------------------
+
+
+def test_sigkill_inside_a_sharded_save_keeps_the_previous_folder_and_resume_is_exact(
+    compared, tmp_path
+):
+    """Both launches through ``torchrun -m hookrun train CONFIG`` with strategy fsdp."""
+    config = tmp_path / "config.yaml"
+    runner = {**RUN, "work_dir": str(tmp_path / "run")}
+    config.write_text(yaml.safe_dump({"task": f"{JOB}:build", "runner": runner}))
+    # rank 1 dies right after DCP wrote its shard of iter_9, before .metadata
+    torchrun("-m", "hookrun", "train", config, "--set", "task_args.kill_in_save=9", expect=1)
+    folder = tmp_path / "run" / "checkpoints"
+    names = [".iter_9.pt.partial", "iter_4.pt", "iter_7.pt"]
+    assert sorted(p.name for p in folder.iterdir()) == names
+    assert not (folder / ".iter_9.pt.partial" / ".metadata").exists()
+    shards = [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"]
+    assert sorted(p.name for p in (folder / "iter_7.pt").iterdir()) == shards
+    torchrun("-m", "hookrun", "train", config, "--resume", "auto")
+    assert sorted(p.name for p in folder.iterdir()) == ["iter_4.pt", "iter_7.pt", "iter_9.pt"]
+    for rank in (0, 1):
+        reference, resumed = result(compared / "fsdp", rank), result(tmp_path / "run", rank)
+        assert resumed["resumed_from"] == str(folder / "iter_7.pt")
+        for name, tensor in reference["weights"].items():
+            assert torch.equal(resumed["weights"][name], tensor), name  # bit for bit
+        assert resumed["metrics"] == reference["metrics"]
+
+
+class Payload:
+    """Unpickling it would create the file it names."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def test_a_sharded_folder_is_loaded_without_unpickling_code(compared, tmp_path):
+    folder = tmp_path / "iter_9.pt"
+    shutil.copytree(compared / "fsdp" / "checkpoints" / "iter_9.pt", folder)
+    metadata = folder / ".metadata"
+    good = metadata.read_bytes()
+    assert load(folder)["loop"]["iter"] == 9
+    touched = tmp_path / "touched"
+    metadata.write_bytes(pickle.dumps(Payload(touched)))
+    with pytest.raises(CheckpointMismatchError) as info:
+        load(folder)
+    assert str(info.value) == (
+        f"cannot load checkpoint {folder}: its .metadata is not DCP's metadata "
+        "(pathlib.Path.touch is not part of DCP's metadata)"
+    )
+    assert not touched.exists()
+    # an entry DCP would read with torch.load(weights_only=False) is refused too
+    declared = pickle.loads(good)
+    declared.state_dict_metadata["model.4.bias"] = BytesStorageMetadata()
+    metadata.write_bytes(pickle.dumps(declared))
+    with pytest.raises(CheckpointMismatchError, match=r"\(model\.4\.bias is not a tensor\)$"):
+        load(folder)
+    (folder / ".metadata").unlink()
+    with pytest.raises(CheckpointMismatchError, match="not a complete sharded checkpoint"):
+        load(folder)
+
+
+def test_a_sharded_folder_resumes_in_one_process(compared, tmp_path):
+    folder = compared / "fsdp" / "checkpoints" / "iter_9.pt"
+    task = build()
+    runner = Runner(**task, work_dir=tmp_path, writers=())
+    runner.load_checkpoint(folder, resume=True)
+    assert runner.iter == 9
+    weights = full_model_state(folder)
+    assert weights.keys() == runner.unwrapped_model.state_dict().keys()
+    for name, tensor in runner.unwrapped_model.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name
+    momentum = [runner.optimizer.state[p]["momentum_buffer"] for p in task["model"].parameters()]
+    assert len(momentum) == 10 and all(m.abs().sum() > 0 for m in momentum)

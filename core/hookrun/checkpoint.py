@@ -214,7 +214,8 @@ def _short(text: str, limit: int = 200) -> str:
 
 
 def candidates(folder: Path, report: Callable[[str], None] | None = None) -> list[Path]:
-    """Checkpoint files (``*.pt``) in ``folder``, newest first.
+    """Checkpoint files (``*.pt``) and sharded checkpoint folders (named the same way) in
+    ``folder``, newest first.
 
     A ``latest`` text file naming a checkpoint of the folder puts that one first; the rest
     go by modification time, ties broken by the numbers in their names (iter_10 > iter_8).
@@ -223,7 +224,7 @@ def candidates(folder: Path, report: Callable[[str], None] | None = None) -> lis
     """
     if not folder.is_dir():
         return []
-    files = [p for p in folder.glob("*.pt") if p.is_file()]
+    files = [p for p in folder.glob("*.pt") if p.is_file() or p.is_dir()]  # dirs: sharded
     files.sort(key=lambda p: (p.stat().st_mtime_ns, _natural(p.name)), reverse=True)
     pointer = folder / "latest"
     if pointer.is_file():

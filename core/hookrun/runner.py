@@ -324,15 +324,24 @@ class Runner:
         self.hooks.before_save_checkpoint(runner=self, checkpoint=state)
         return state
 
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """Whether checkpoints are folders written by every rank together (FSDP)."""
+        return self.strategy == "fsdp"
+
     def write_checkpoint(self, state: dict[str, Any], path: str | Path) -> Path:
         """Write a collected state atomically to ``path`` (this process only; values are
-        checked to load with ``weights_only=True``)."""
-        return ckpt_io.write(state, path)
+        checked to load with ``weights_only=True``); with :attr:`sharded_checkpoints` a
+        folder, and every rank calls this."""
+        return run_state.write(self, state, Path(path))
 
     def save_checkpoint(self, path: str | Path, save_optimizer: bool = True) -> Path:
-        """Write a checkpoint atomically (rank 0 writes, every rank waits for it)."""
+        """Write a checkpoint atomically (rank 0 writes, every rank waits for it; under FSDP
+        every rank writes its shards)."""
         path = Path(path)
         state = self.checkpoint_state(save_optimizer)
+        if self.sharded_checkpoints:
+            return run_state.write(self, state, path)
         error = None
         if self.is_main:
             try:
