@@ -12,6 +12,7 @@ import pickle
 import random
 import re
 import secrets
+import shutil
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -115,6 +116,27 @@ def write(state: dict[str, Any], path: str | Path) -> Path:
         return atomic_save(state, path)
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from exc
+
+
+SHARDED_STATE_FILE = "state.pt"
+"""The file of a sharded checkpoint folder holding everything but the tensors."""
+
+
+def checkpoint_state_file(path: str | Path) -> Path:
+    """The file holding checkpoint ``path``'s non-tensor state (loop, plugins): the file
+    itself, or a sharded checkpoint folder's ``state.pt`` (both load with
+    ``torch.load(weights_only=True)``)."""
+    path = Path(path)
+    return path / SHARDED_STATE_FILE if path.is_dir() else path
+
+
+def remove_checkpoint(path: str | Path) -> None:
+    """Delete a checkpoint file or a sharded checkpoint folder (nothing when it is gone)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def atomic_write_text(text: str, path: str | Path) -> None:

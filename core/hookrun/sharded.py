@@ -42,7 +42,7 @@ from hookrun.errors import CheckpointError, CheckpointMismatchError
 if TYPE_CHECKING:
     from hookrun.runner import Runner
 
-STATE_FILE = "state.pt"
+STATE_FILE = ckpt_io.SHARDED_STATE_FILE
 METADATA_FILE = ".metadata"
 
 
