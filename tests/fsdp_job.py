@@ -2,7 +2,8 @@
 
 ``build`` is the task of the CLI tests' config (``task: fsdp_job.py:build``); ``RUN`` the
 runner settings they share. ``torchrun --nproc-per-node=2 fsdp_job.py WORK_DIR`` trains the
-same run under DDP, then under FSDP, in one process group. Every run writes what the tests
+same run under DDP, then under FSDP, in one process group (``ddp/``, ``fsdp/``), then under
+FSDP with built-in plugins (``plugins/``). Every run writes what the tests
 compare (weights, metrics, the hook points each rank saw) to ``result_rank<N>.pt`` in its
 work dir.
 """
@@ -63,6 +64,14 @@ RUN: dict[str, Any] = {
     "strategy": "fsdp",
     "fsdp": {"wrap": ["Block"]},
     "seed": 3,
+}
+
+
+#: the built-in plugins the FSDP run of ``plugins/`` takes
+PLUGINS = {
+    "checkpoint": {"max_keep": 1, "save_best": "accuracy"},
+    "timer": {"warmup": 1, "window": 3},
+    "logger": {},
 }
 
 
@@ -160,6 +169,7 @@ def main() -> None:
     work_dir = Path(sys.argv[1])
     for strategy in ("ddp", "fsdp"):
         Runner(**build(), **{**RUN, "strategy": strategy}, work_dir=work_dir / strategy).train()
+    Runner(**build(), **RUN, work_dir=work_dir / "plugins", plugins=PLUGINS).train()
     torch.save(model().state_dict(), work_dir / "start.pt")
 
 

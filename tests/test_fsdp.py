@@ -190,3 +190,24 @@ def test_a_sharded_folder_resumes_in_one_process(compared, tmp_path):
         assert torch.equal(tensor, weights[name]), name
     momentum = [runner.optimizer.state[p]["momentum_buffer"] for p in task["model"].parameters()]
     assert len(momentum) == 10 and all(m.abs().sum() > 0 for m in momentum)
+
+
+def test_the_checkpoint_plugin_writes_folders_under_fsdp(compared):
+    """With checkpoint (by epoch, max_keep 1, save_best accuracy), timer and logger on."""
+    folder = compared / "plugins" / "checkpoints"
+    names = sorted(p.name for p in folder.iterdir())
+    best = ["best_accuracy.pt"]
+    assert names == [*best, "epoch_2.pt", "iter_4.pt", "iter_7.pt", "iter_9.pt", "latest"]
+    assert (folder / "latest").read_text() == "epoch_2.pt\n"
+    for name in names[:-1]:  # every one complete, epoch_1.pt rotated out
+        assert (folder / name / ".metadata").is_file() and (folder / name / "state.pt").is_file()
+    state = torch.load(folder / "best_accuracy.pt" / "state.pt", weights_only=True)
+    entry = state["plugins"]["checkpoint"]["best"]["accuracy"]
+    rows = [
+        json.loads(line) for line in (compared / "plugins" / "log.jsonl").read_text().splitlines()
+    ]
+    scores = {row["step"]: row["val/accuracy"] for row in rows if "val/accuracy" in row}
+    assert entry["score"] == max(scores.values()) and entry["file"] == "best_accuracy.pt"
+    weights = full_model_state(folder / "epoch_2.pt")
+    final = result(compared / "plugins", 0)["weights"]
+    assert all(torch.equal(weights[k], final[k]) for k in final)

@@ -21,6 +21,7 @@ import io
 import os
 import pickle
 import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -164,8 +165,7 @@ def restore_tensors(runner: Runner, checkpoint: dict[str, Any], resume: bool) ->
             name: {k: v for k, v in entry.items() if isinstance(v, torch.Tensor)}
             for name, entry in template["state"].items()
         }
-    alone = not dist.is_distributed()  # one process reads whole tensors
-    dcp.load(wanted, storage_reader=SafeReader(checkpoint["sharded"]), no_dist=alone)
+    _read(wanted, checkpoint["sharded"], alone=not dist.is_distributed())
     set_model_state_dict(model, wanted["model"])
     if optimizer is not None and "optimizer" in wanted:
         saved = checkpoint["optimizer"]
@@ -181,8 +181,16 @@ def full_model_state(path: Path) -> dict[str, torch.Tensor]:
     """The whole model state dict of folder ``path`` in this process alone (no process
     group needed): what ``hookrun export`` writes."""
     weights = _model_entries(read_metadata(path), torch.device("cpu"))
-    dcp.load({"model": weights}, storage_reader=SafeReader(path), no_dist=True)
+    _read({"model": weights}, path, alone=True)
     return weights
+
+
+def _read(wanted: dict[str, Any], path: Path, alone: bool) -> None:
+    """Fill ``wanted``'s tensors from folder ``path``; ``alone``: this process reads whole
+    tensors without a process group (DCP warns that it assumes so: it is meant)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(wanted, storage_reader=SafeReader(path), no_dist=alone)
 
 
 def _model_entries(metadata: Metadata, device: torch.device) -> dict[str, torch.Tensor]:
