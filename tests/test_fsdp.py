@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from hookrun import Runner
 from hookrun.arguments import FsdpSettings
+from hookrun.cli import main as cli_main
 from hookrun.errors import CheckpointMismatchError, ConfigError
 from hookrun.fsdp import units_to_shard
 from hookrun.sharded import full_model_state
@@ -211,3 +212,67 @@ def test_the_checkpoint_plugin_writes_folders_under_fsdp(compared):
     weights = full_model_state(folder / "epoch_2.pt")
     final = result(compared / "plugins", 0)["weights"]
     assert all(torch.equal(weights[k], final[k]) for k in final)
+
+
+# -- hookrun export --------------------------------------------------------------------------
+
+
+def export(capsys, *args: str | Path) -> tuple[int, str]:
+    """``hookrun export ARGS`` through the CLI's entry point: exit status, stderr lines."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["export", *map(str, args)])
+    return exit_info.value.code, capsys.readouterr().err.strip()
+
+
+def test_export_of_a_folder_loads_into_the_plain_model(compared, tmp_path, capsys):
+    out = tmp_path / "weights.pt"
+    assert export(capsys, compared / "plugins" / "checkpoints" / "epoch_2.pt", out) == (0, "")
+    net = model()
+    net.load_state_dict(torch.load(out, weights_only=True))  # strict: every key, no more
+    final = result(compared / "plugins", 0)["weights"]  # gathered by the run itself
+    for name, tensor in net.state_dict().items():
+        assert torch.equal(tensor, final[name]), name
+
+
+def test_export_of_a_file_equals_the_export_of_the_same_state_sharded(compared, tmp_path, capsys):
+    # DDP saved iter_9.pt as a file, FSDP as a folder: the same weights (bit for bit, above)
+    from_file, from_folder = tmp_path / "file.pt", tmp_path / "folder.pt"
+    assert export(capsys, compared / "ddp" / "checkpoints" / "iter_9.pt", from_file)[0] == 0
+    assert export(capsys, compared / "fsdp" / "checkpoints" / "iter_9.pt", from_folder)[0] == 0
+    left = torch.load(from_file, weights_only=True)
+    right = torch.load(from_folder, weights_only=True)
+    assert left.keys() == right.keys() == model().state_dict().keys()
+    assert all(torch.equal(left[k], right[k]) for k in left)
+
+
+def test_export_ema_writes_the_average(tmp_path, capsys, hookrun_isolated):
+    task = build()
+    task["hooks"] = []
+    runner = Runner(**task, max_iters=4, work_dir=tmp_path, writers=(), plugins={"ema": {}})
+    runner.train()
+    path = runner.save_checkpoint(tmp_path / "last.pt")
+    out = tmp_path / "ema.pt"
+    assert export(capsys, path, out, "--ema") == (0, "")
+    average = torch.load(out, weights_only=True)
+    saved = torch.load(path, weights_only=True)["plugins"]["ema"]["model"]
+    assert average.keys() == saved.keys() and all(torch.equal(average[k], saved[k]) for k in saved)
+    assert not torch.equal(average["4.weight"], runner.unwrapped_model.state_dict()["4.weight"])
+    model().load_state_dict(average)
+
+
+def test_export_errors_are_one_line_and_write_nothing(compared, tmp_path, capsys):
+    folder = compared / "fsdp" / "checkpoints" / "iter_9.pt"
+    out = tmp_path / "out.pt"
+    assert export(capsys, tmp_path / "nope.pt", out) == (
+        2,
+        f"checkpoint not found: {tmp_path / 'nope.pt'}",
+    )
+    assert export(capsys, folder, out, "--ema") == (
+        2,
+        f"--ema: checkpoint {folder} holds no EMA weights (the ema plugin was not on)",
+    )
+    assert export(capsys, folder, tmp_path) == (
+        2,
+        f"OUT: {tmp_path} is a folder; name the file to write",
+    )
+    assert sorted(tmp_path.iterdir()) == []
