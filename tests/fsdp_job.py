@@ -2,8 +2,9 @@
 
 ``build`` is the task of the CLI tests' config (``task: fsdp_job.py:build``); ``RUN`` the
 runner settings they share. ``torchrun --nproc-per-node=2 fsdp_job.py WORK_DIR`` trains the
-same run under DDP, then under FSDP, in one process group (``ddp/``, ``fsdp/``), then under
-FSDP with built-in plugins (``plugins/``). Every run writes what the tests
+same run under DDP, then under FSDP, in one process group (``ddp/``, ``fsdp/``), then both
+again with built-in plugins (``plugins_ddp/``, ``plugins_fsdp/``), and tries the EMA plugin
+under FSDP (its error in ``ema_rank<N>.txt``). Every run writes what the tests
 compare (weights, metrics, the hook points each rank saw) to ``result_rank<N>.pt`` in its
 work dir.
 """
@@ -17,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hookrun import Runner, hookimpl
+from hookrun import ConfigError, Runner, hookimpl
 from hookrun.fsdp import full_state_dict
 
 
@@ -67,11 +69,12 @@ RUN: dict[str, Any] = {
 }
 
 
-#: the built-in plugins the FSDP run of ``plugins/`` takes
+#: the built-in plugins of the ``plugins_*`` runs
 PLUGINS = {
     "checkpoint": {"max_keep": 1, "save_best": "accuracy"},
     "timer": {"warmup": 1, "window": 3},
     "logger": {},
+    "precise_bn": {"num_batches": 4},
 }
 
 
@@ -169,7 +172,15 @@ def main() -> None:
     work_dir = Path(sys.argv[1])
     for strategy in ("ddp", "fsdp"):
         Runner(**build(), **{**RUN, "strategy": strategy}, work_dir=work_dir / strategy).train()
-    Runner(**build(), **RUN, work_dir=work_dir / "plugins", plugins=PLUGINS).train()
+    for strategy in ("ddp", "fsdp"):
+        settings = {**RUN, "strategy": strategy}
+        Runner(
+            **build(), **settings, work_dir=work_dir / f"plugins_{strategy}", plugins=PLUGINS
+        ).train()
+    try:  # refused before any work, on every rank
+        Runner(**build(), **RUN, work_dir=work_dir / "ema", plugins={"ema": {}}).train()
+    except ConfigError as exc:
+        (work_dir / f"ema_rank{dist.get_rank()}.txt").write_text(str(exc))
     torch.save(model().state_dict(), work_dir / "start.pt")
 
 

@@ -194,8 +194,9 @@ def test_a_sharded_folder_resumes_in_one_process(compared, tmp_path):
 
 
 def test_the_checkpoint_plugin_writes_folders_under_fsdp(compared):
-    """With checkpoint (by epoch, max_keep 1, save_best accuracy), timer and logger on."""
-    folder = compared / "plugins" / "checkpoints"
+    """With checkpoint (by epoch, max_keep 1, save_best accuracy), timer, logger and
+    precise-BN on."""
+    folder = compared / "plugins_fsdp" / "checkpoints"
     names = sorted(p.name for p in folder.iterdir())
     best = ["best_accuracy.pt"]
     assert names == [*best, "epoch_2.pt", "iter_4.pt", "iter_7.pt", "iter_9.pt", "latest"]
@@ -205,12 +206,13 @@ def test_the_checkpoint_plugin_writes_folders_under_fsdp(compared):
     state = torch.load(folder / "best_accuracy.pt" / "state.pt", weights_only=True)
     entry = state["plugins"]["checkpoint"]["best"]["accuracy"]
     rows = [
-        json.loads(line) for line in (compared / "plugins" / "log.jsonl").read_text().splitlines()
+        json.loads(line)
+        for line in (compared / "plugins_fsdp" / "log.jsonl").read_text().splitlines()
     ]
     scores = {row["step"]: row["val/accuracy"] for row in rows if "val/accuracy" in row}
     assert entry["score"] == max(scores.values()) and entry["file"] == "best_accuracy.pt"
     weights = full_model_state(folder / "epoch_2.pt")
-    final = result(compared / "plugins", 0)["weights"]
+    final = result(compared / "plugins_fsdp", 0)["weights"]
     assert all(torch.equal(weights[k], final[k]) for k in final)
 
 
@@ -226,10 +228,10 @@ def export(capsys, *args: str | Path) -> tuple[int, str]:
 
 def test_export_of_a_folder_loads_into_the_plain_model(compared, tmp_path, capsys):
     out = tmp_path / "weights.pt"
-    assert export(capsys, compared / "plugins" / "checkpoints" / "epoch_2.pt", out) == (0, "")
+    assert export(capsys, compared / "plugins_fsdp" / "checkpoints" / "epoch_2.pt", out) == (0, "")
     net = model()
     net.load_state_dict(torch.load(out, weights_only=True))  # strict: every key, no more
-    final = result(compared / "plugins", 0)["weights"]  # gathered by the run itself
+    final = result(compared / "plugins_fsdp", 0)["weights"]  # gathered by the run itself
     for name, tensor in net.state_dict().items():
         assert torch.equal(tensor, final[name]), name
 
@@ -276,3 +278,27 @@ def test_export_errors_are_one_line_and_write_nothing(compared, tmp_path, capsys
         f"OUT: {tmp_path} is a folder; name the file to write",
     )
     assert sorted(tmp_path.iterdir()) == []
+
+
+def test_precise_bn_under_fsdp_gives_the_statistics_it_gives_under_ddp(compared):
+    for rank in (0, 1):
+        ddp, fsdp = result(compared / "plugins_ddp", rank), result(compared / "plugins_fsdp", rank)
+        plain = result(compared / "fsdp", rank)["weights"]
+        for name in ("1.running_mean", "1.running_var"):
+            torch.testing.assert_close(
+                fsdp["weights"][name], ddp["weights"][name], rtol=0, atol=1e-6
+            )
+            assert not torch.allclose(fsdp["weights"][name], plain[name])  # precise-BN set them
+        assert fsdp["metrics"] == pytest.approx(ddp["metrics"], rel=1e-6)
+
+
+def test_the_ema_plugin_is_refused_under_fsdp_on_every_rank(compared):
+    for rank in (0, 1):
+        assert (compared / f"ema_rank{rank}.txt").read_text() == (
+            "plugins.ema: not available with runner.strategy fsdp yet (the average is not kept "
+            "as shards); turn the plugin off or use strategy ddp"
+        )
+    # in before_run: the writers are open by then (the log holds the config), nothing
+    # trained or saved
+    assert not (compared / "ema" / "checkpoints").exists()
+    assert "train/loss" not in (compared / "ema" / "log.jsonl").read_text()
