@@ -3,8 +3,9 @@
 ``build`` is the task of the CLI tests' config (``task: fsdp_job.py:build``); ``RUN`` the
 runner settings they share. ``torchrun --nproc-per-node=2 fsdp_job.py WORK_DIR`` trains the
 same run under DDP, then under FSDP, in one process group (``ddp/``, ``fsdp/``), then both
-again with built-in plugins (``plugins_ddp/``, ``plugins_fsdp/``), and tries the EMA plugin
-under FSDP (its error in ``ema_rank<N>.txt``). Every run writes what the tests
+again with built-in plugins (``plugins_ddp/``, ``plugins_fsdp/``), resumes the DDP run's
+file checkpoint under FSDP (``from_file/``), and tries the EMA plugin under FSDP (its error
+in ``ema_rank<N>.txt``). Every run writes what the tests
 compare (weights, metrics, the hook points each rank saw) to ``result_rank<N>.pt`` in its
 work dir.
 """
@@ -177,6 +178,9 @@ def main() -> None:
         Runner(
             **build(), **settings, work_dir=work_dir / f"plugins_{strategy}", plugins=PLUGINS
         ).train()
+    # the DDP run's file at iteration 9, resumed under FSDP to the end
+    resumed = Runner(**build(), **RUN, work_dir=work_dir / "from_file")
+    resumed.train(resume=work_dir / "ddp" / "checkpoints" / "iter_9.pt")
     try:  # refused before any work, on every rank
         Runner(**build(), **RUN, work_dir=work_dir / "ema", plugins={"ema": {}}).train()
     except ConfigError as exc:

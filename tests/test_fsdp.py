@@ -302,3 +302,13 @@ def test_the_ema_plugin_is_refused_under_fsdp_on_every_rank(compared):
     # trained or saved
     assert not (compared / "ema" / "checkpoints").exists()
     assert "train/loss" not in (compared / "ema" / "log.jsonl").read_text()
+
+
+def test_a_ddp_file_checkpoint_resumes_under_fsdp(compared):
+    # iter_9.pt of the DDP run, a file: the FSDP run from it ends with the uninterrupted weights
+    for rank in (0, 1):
+        reference, resumed = result(compared / "fsdp", rank), result(compared / "from_file", rank)
+        assert resumed["resumed_from"] == str(compared / "ddp" / "checkpoints" / "iter_9.pt")
+        for name, tensor in reference["weights"].items():
+            torch.testing.assert_close(resumed["weights"][name], tensor, rtol=0, atol=1e-6)
+        assert resumed["metrics"] == pytest.approx(reference["metrics"], rel=1e-6)

@@ -166,10 +166,3 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
     return dict(get_model_state_dict(model, options=options))  # type: ignore[arg-type]
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """Whether ``model`` went through ``fully_shard``."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)

@@ -30,6 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -175,6 +176,28 @@ def restore_tensors(runner: Runner, checkpoint: dict[str, Any], resume: bool) ->
         }
         whole: Any = {"state": state, "param_groups": saved["param_groups"]}
         set_optimizer_state_dict(model, optimizer, whole)
+
+
+def restore_whole(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
+    """A checkpoint file (whole tensors, the optimizer's entries keyed by position, as DDP
+    and one process save them) into the sharded model and optimizer: each rank keeps its
+    shards of every tensor."""
+    model, optimizer = runner.unwrapped_model, runner.optimizer
+    whole = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, checkpoint["model"], options=whole)
+    if not (resume and optimizer is not None and "optimizer" in checkpoint):
+        return
+    names = {id(p): name for name, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    saved = checkpoint["optimizer"]
+    keyed: Any = {
+        "state": {order[i]: entry for i, entry in saved["state"].items()},
+        "param_groups": [
+            {**group, "params": [order[i] for i in group["params"]]}
+            for group in saved["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(model, optimizer, keyed, options=whole)
 
 
 def full_model_state(path: Path) -> dict[str, torch.Tensor]:

@@ -72,14 +72,17 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
     """
     if resume:
         _restore_plugins(runner, checkpoint.get("plugins", {}))
-    folder = "sharded" in checkpoint
-    if folder:  # tensors from the folder's shards, optimizer included
+    sharded = runner.strategy == "fsdp"
+    if "sharded" in checkpoint:  # tensors from the folder's shards, optimizer included
         _sharded().restore_tensors(runner, checkpoint, resume)
+    elif sharded:  # a file's whole tensors cut into this rank's shards, optimizer included
+        _sharded().restore_whole(runner, checkpoint, resume)
     else:
         runner.unwrapped_model.load_state_dict(checkpoint["model"])
     if not resume:
         return
-    for name in ("scheduler", "scaler") if folder else ("optimizer", "scheduler", "scaler"):
+    by_shards = sharded or "sharded" in checkpoint
+    for name in ("scheduler", "scaler") if by_shards else ("optimizer", "scheduler", "scaler"):
         target = getattr(runner, name)
         if target is not None and name in checkpoint:
             target.load_state_dict(checkpoint[name])
