@@ -117,7 +117,11 @@ def _restore_plugins(runner: Runner, saved: dict[str, Any]) -> None:
 
 def load(path: Path) -> dict[str, Any]:
     """A checkpoint file, or a sharded checkpoint folder (:func:`hookrun.sharded.load`)."""
-    return _sharded().load(path) if path.is_dir() else ckpt_io.load(path)
+    if path.is_dir():
+        return _sharded().load(path)
+    checkpoint = ckpt_io.load(path)
+    checkpoint.pop("sharded", None)  # the folder's path, set by its loader: never a file's word
+    return checkpoint
 
 
 def write(runner: Runner, state: dict[str, Any], path: Path) -> Path:
