@@ -312,3 +312,19 @@ def test_a_ddp_file_checkpoint_resumes_under_fsdp(compared):
         for name, tensor in reference["weights"].items():
             torch.testing.assert_close(resumed["weights"][name], tensor, rtol=0, atol=1e-6)
         assert resumed["metrics"] == pytest.approx(reference["metrics"], rel=1e-6)
+
+
+def test_a_file_naming_a_folder_is_still_read_as_a_file(tmp_path, hookrun_isolated):
+    """Only the folder loader says where shards are: a file's own 'sharded' entry is no path."""
+    task = build()
+    task["hooks"] = []
+    runner = Runner(**task, max_iters=2, work_dir=tmp_path / "run", writers=())
+    runner.train()
+    path = runner.save_checkpoint(tmp_path / "last.pt")
+    state = torch.load(path, weights_only=True)
+    state["sharded"] = str(tmp_path / "elsewhere")  # read as a folder, the load would fail
+    torch.save(state, path)
+    other = Runner(**build(), work_dir=tmp_path / "other", writers=())
+    other.load_checkpoint(path, resume=True)
+    for name, tensor in other.unwrapped_model.state_dict().items():
+        assert torch.equal(tensor, state["model"][name]), name
