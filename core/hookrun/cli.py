@@ -95,7 +95,7 @@ def train(
     from hookrun import dist, launch, workdir
 
     loaded = cfg.load(config, overrides, work_dir)
-    if resume not in (None, "auto") and not Path(resume).is_file():
+    if resume not in (None, "auto") and not Path(resume).exists():
         raise HookrunError(f"--resume: checkpoint not found: {resume}")
     out = loaded.work_dir
     # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
@@ -172,7 +172,7 @@ def _evaluate(
     from hookrun.launch import build_runner
 
     loaded = cfg.load(config, overrides, work_dir)
-    if not Path(checkpoint).is_file():
+    if not Path(checkpoint).exists():
         raise HookrunError(f"--checkpoint: file not found: {checkpoint}")
     runner = build_runner(loaded)
     if getattr(runner, f"{mode}_dataloader") is None:
