@@ -22,7 +22,7 @@ from hookrun.errors import CheckpointMismatchError, ConfigError
 from hookrun.fsdp import units_to_shard
 from hookrun.sharded import full_model_state
 from hookrun.state import load
-from hookrun.testing import run_job, toy_data
+from hookrun.testing import once_per_session, run_job, toy_data
 
 JOB = Path(__file__).with_name("fsdp_job.py")
 
@@ -40,11 +40,10 @@ def scalars(work_dir: Path, name: str) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def compared(tmp_path_factory):
-    """One launch: the same 2-rank run under DDP, then under FSDP (fsdp_job.main)."""
-    work_dir = tmp_path_factory.mktemp("compare")
-    torchrun(JOB, work_dir)
-    return work_dir
+def compared(request, tmp_path_factory):
+    """One launch for the session (every xdist worker reads it): the same 2-rank run under
+    DDP and under FSDP, and the runs after them (fsdp_job.main)."""
+    return once_per_session(request, tmp_path_factory, "fsdp_compare", lambda d: torchrun(JOB, d))
 
 
 def result(work_dir: Path, rank: int) -> dict:
