@@ -37,12 +37,16 @@ _EXPORTS = {
     "loader_options": "hookrun.data",
     "atomic_write_text": "hookrun.checkpoint",
     "already_sharded": "hookrun.sharding",
+    "checkpoint_state_file": "hookrun.checkpoint",
+    "remove_checkpoint": "hookrun.checkpoint",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
     from hookrun.checkpoint import atomic_write_text as atomic_write_text
+    from hookrun.checkpoint import checkpoint_state_file as checkpoint_state_file
+    from hookrun.checkpoint import remove_checkpoint as remove_checkpoint
     from hookrun.data import loader_options as loader_options
     from hookrun.data import mix_seed as mix_seed
     from hookrun.direction import better as better

@@ -42,6 +42,35 @@ class ClipGradNorm(BaseModel):
     norm_type: float = Field(2.0, description="Order of the norm (`inf` for the max norm).")
 
 
+class FsdpSettings(BaseModel):
+    """How ``strategy: fsdp`` shards the model (``hookrun.fsdp``): which submodules become
+    their own ``fully_shard`` units, and FSDP2's per-unit options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    wrap: list[str] = Field(
+        [],
+        description="Class names of the submodules sharded as units of their own (e.g. "
+        "`[TransformerBlock]`); each name must match a submodule of the model.",
+    )
+    min_params: int | None = Field(
+        None,
+        ge=1,
+        description="Also shard as a unit every submodule holding at least this many "
+        "parameters not already in a smaller unit (innermost first); null: by name only.",
+    )
+    reshard_after_forward: bool = Field(
+        True,
+        description="Free the gathered parameters after each unit's forward (gathered "
+        "again for backward): less memory, one more all-gather per unit.",
+    )
+    cpu_offload: bool = Field(
+        False,
+        description="Keep the parameter shards, gradients and optimizer state on the CPU "
+        "(FSDP2's CPUOffloadPolicy); the optimizer step then runs on the CPU.",
+    )
+
+
 def _clip_grad_form(value: Any) -> str:
     return "mapping" if isinstance(value, (Mapping, ClipGradNorm)) else "norm"
 
@@ -163,6 +192,11 @@ class RunnerArguments(BaseModel):
     ddp: dict[str, Any] | None = Field(
         None, description="Keyword arguments for DistributedDataParallel under torchrun."
     )
+    fsdp: FsdpSettings | None = Field(
+        None,
+        description="With `strategy: fsdp`: {wrap: [class names], min_params, "
+        "reshard_after_forward, cpu_offload}; null: only the root module is sharded.",
+    )
     stop_signals: list[str] = Field(
         ["SIGTERM", "SIGINT"],
         description="Signals that stop training at the next iteration boundary, with a "
@@ -233,6 +267,10 @@ def argument_errors(arguments: Mapping[str, Any]) -> list[str]:
     return errors
 
 
+_NESTED: dict[str, type[BaseModel]] = {"clip_grad": ClipGradNorm, "fsdp": FsdpSettings}
+"""Runner arguments that are mappings of their own keys (named in unknown-key errors)."""
+
+
 def error_lines(errors: Sequence[Any], prefix: str = "runner") -> list[str]:
     """pydantic errors of ``RunnerArguments`` as lines: the union branches (``norm``,
     ``mapping``) left out of the path, did-you-mean for unknown keys."""
@@ -240,9 +278,9 @@ def error_lines(errors: Sequence[Any], prefix: str = "runner") -> list[str]:
     for err in errors:
         loc = [str(p) for p in err["loc"] if p not in ("norm", "mapping")]
         path = ".".join([prefix, *loc])
-        inside_clip_grad = loc[:1] == ["clip_grad"] and len(loc) > 1
-        if err["type"] == "extra_forbidden" and inside_clip_grad:
-            keys = list(ClipGradNorm.model_fields)
+        nested = _NESTED.get(loc[0]) if loc else None
+        if err["type"] == "extra_forbidden" and nested is not None and len(loc) > 1:
+            keys = list(nested.model_fields)
             hint = did_you_mean(loc[-1], keys)
             lines.append(f"{path}: unknown key{hint} (keys: {', '.join(keys)})")
         elif err["type"] == "extra_forbidden":

@@ -12,6 +12,7 @@ import pickle
 import random
 import re
 import secrets
+import shutil
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -117,6 +118,27 @@ def write(state: dict[str, Any], path: str | Path) -> Path:
         raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from exc
 
 
+SHARDED_STATE_FILE = "state.pt"
+"""The file of a sharded checkpoint folder holding everything but the tensors."""
+
+
+def checkpoint_state_file(path: str | Path) -> Path:
+    """The file holding checkpoint ``path``'s non-tensor state (loop, plugins): the file
+    itself, or a sharded checkpoint folder's ``state.pt`` (both load with
+    ``torch.load(weights_only=True)``)."""
+    path = Path(path)
+    return path / SHARDED_STATE_FILE if path.is_dir() else path
+
+
+def remove_checkpoint(path: str | Path) -> None:
+    """Delete a checkpoint file or a sharded checkpoint folder (nothing when it is gone)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def atomic_write_text(text: str, path: str | Path) -> None:
     """Replace a small text file (a pointer such as ``latest``) atomically."""
     _atomic(path, lambda f: f.write(text.encode("utf-8")))
@@ -214,7 +236,8 @@ def _short(text: str, limit: int = 200) -> str:
 
 
 def candidates(folder: Path, report: Callable[[str], None] | None = None) -> list[Path]:
-    """Checkpoint files (``*.pt``) in ``folder``, newest first.
+    """Checkpoint files (``*.pt``) and sharded checkpoint folders (named the same way) in
+    ``folder``, newest first.
 
     A ``latest`` text file naming a checkpoint of the folder puts that one first; the rest
     go by modification time, ties broken by the numbers in their names (iter_10 > iter_8).
@@ -223,7 +246,7 @@ def candidates(folder: Path, report: Callable[[str], None] | None = None) -> lis
     """
     if not folder.is_dir():
         return []
-    files = [p for p in folder.glob("*.pt") if p.is_file()]
+    files = [p for p in folder.glob("*.pt") if p.is_file() or p.is_dir()]  # dirs: sharded
     files.sort(key=lambda p: (p.stat().st_mtime_ns, _natural(p.name)), reverse=True)
     pointer = folder / "latest"
     if pointer.is_file():

@@ -209,6 +209,19 @@ def test_command(
     _evaluate(config, checkpoint, overrides, work_dir, "test")
 
 
+@cli.command(name="export")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--ema", is_flag=True, help="Export the EMA plugin's averaged weights instead.")
+def export_command(checkpoint: Path, out: Path, ema: bool) -> None:
+    """Write the model weights of CHECKPOINT (a file, or a sharded checkpoint folder) to OUT:
+    one plain state dict that torch.load(OUT, weights_only=True) loads into the model."""
+    from hookrun.export import export
+
+    count = export(checkpoint, out, ema)
+    echo(f"[hookrun] wrote {out}: {count} entries of the {'EMA' if ema else 'model'} weights")
+
+
 def _evaluate(
     config: Path, checkpoint: str | None, overrides: Sequence[str], work_dir: Path | None, mode: str
 ) -> None:

@@ -35,7 +35,7 @@ def load_everywhere(
     try:
         loaded = cfg.load(config, overrides, work_dir)
         for option, path in files.items():
-            if not Path(path).is_file():
+            if not Path(path).exists():  # a file, or a sharded checkpoint's folder
                 raise HookrunError(f"{option}: file not found: {path}")
     except HookrunError as exc:
         if env_world_size() == 1:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hookrun import dist
+from hookrun import dist, fsdp
 from hookrun.errors import ConfigError
 from hookrun.loop import LoopPosition, Phase
 from hookrun.steps import MetricMeans, batch_size, evaluation_values, to_device, training_losses
@@ -314,11 +314,20 @@ def _pass(
     after_iter = getattr(points, f"after_{mode}_iter", None)
     means = MetricMeans(runner.device)
     model, device = runner.unwrapped_model, runner.device
+    batches = loader.epoch_iter(0)
+    if runner.strategy == "fsdp":  # every rank runs as many forwards as the busiest one
+        pairs = fsdp.lockstep(batches, len(loader))
+    else:
+        pairs = ((batch, True) for batch in batches)
     with torch.no_grad():
-        for batch_idx, batch in enumerate(loader.epoch_iter(0)):
+        for batch_idx, (batch, counted) in enumerate(pairs):
             if stop is not None and stop.agreed is not None:
                 return None
             batch = to_device(batch, device)
+            if not counted:
+                with runner.autocast():
+                    evaluation_values(model, runner.criterion, runner.metrics, batch, mode)
+                continue
             if before_iter is not None:
                 before_iter(runner=runner, batch_idx=batch_idx, batch=batch)
             with runner.autocast():

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookrun import fsdp
 from hookrun.dispatch import Hooks
 from hookrun.scalars import ScalarStore
 
@@ -38,6 +39,8 @@ class OptimizerStep:
         self.grad_accum = grad_accum
         self.clip_grad = dict(clip_grad) if clip_grad else None
         self.scaler = scaler
+        self.sharded = runner.strategy == "fsdp"
+        self.clip = fsdp.clip_grad_norm_ if self.sharded else nn.utils.clip_grad_norm_
         # the hook points nothing implements are skipped: the plain step pays for none of them
         self.around_backward = hooks.before_backward.used or hooks.after_backward.used
         self.before_step = hooks.before_optimizer_step.used
@@ -61,9 +64,12 @@ class OptimizerStep:
         return runner.scheduler is not None and runner.scheduler_interval == "iter"
 
     def sync_context(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
-        """DDP's ``no_sync`` inside an accumulation group: gradients are reduced once, at
-        the boundary."""
+        """DDP's ``no_sync`` (FSDP2's ``set_requires_gradient_sync(False)``) inside an
+        accumulation group: gradients are reduced once, at the boundary."""
         model = self.runner.model
+        if self.sharded:
+            model.set_requires_gradient_sync(boundary)
+            return contextlib.nullcontext()
         if boundary or not hasattr(model, "no_sync"):
             return contextlib.nullcontext()
         return model.no_sync()
@@ -90,9 +96,7 @@ class OptimizerStep:
             stepped = False not in verdicts
         if stepped:
             if self.clip_grad:
-                norm = nn.utils.clip_grad_norm_(
-                    runner.unwrapped_model.parameters(), **self.clip_grad
-                )
+                norm = self.clip(runner.unwrapped_model.parameters(), **self.clip_grad)
                 self.scalars.put("train/grad_norm", norm)
             if scaler is not None:
                 scaler.step(optimizer)

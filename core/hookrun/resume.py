@@ -99,8 +99,8 @@ def non_finite(weights: Any) -> str | None:
         return None
     found = []
     for key, value in weights.items():
-        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-            continue
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.is_meta:
+            continue  # meta: a sharded checkpoint's shapes, its values not read yet
         if not bool(torch.isfinite(value).all()):
             found.append((key, "nan" if bool(torch.isnan(value).any()) else "inf"))
     if not found:

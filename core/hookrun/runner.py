@@ -23,6 +23,7 @@ from hookrun.clock import IterationClock
 from hookrun.data import make_loader, seed_all
 from hookrun.dispatch import HookStats
 from hookrun.errors import CheckpointError, ConfigError
+from hookrun.fsdp import shard_model
 from hookrun.lifecycle import DEFAULT_STOP_SIGNALS, StopSignals
 from hookrun.loop import LoopPosition, ValidationSchedule
 from hookrun.loops import TrainLoop, evaluate
@@ -71,6 +72,7 @@ class Runner:
         dist_timeout: float = 600.0,
         sync_bn: bool = False,
         ddp: Mapping[str, Any] | None = None,
+        fsdp: Mapping[str, Any] | None = None,
         stop_signals: Sequence[str] = DEFAULT_STOP_SIGNALS,
         config: Mapping[str, Any] | None = None,
     ) -> None:
@@ -91,17 +93,22 @@ class Runner:
             dist_timeout=dist_timeout,
             sync_bn=sync_bn,
             ddp=ddp,
+            fsdp=fsdp,
             stop_signals=list(stop_signals),
         )
-        if strategy == "fsdp":
-            raise ConfigError("runner.strategy: 'fsdp' is not available in this version")
         self.seed = seed
         seed_all(seed)
         self.rank, self.world_size, local_rank = dist.init_from_env(dist_timeout)
         self.stop_signals = StopSignals(args.stop_signals)
         self.dist_timeout = dist_timeout
+        self.strategy = "fsdp" if strategy == "fsdp" else "ddp" if self.world_size > 1 else "none"
         with dist.errors_agreed():  # a mistake found on one rank ends every rank
             check_convention(model, criterion)
+            if strategy == "fsdp" and self.world_size == 1:
+                raise ConfigError(
+                    "runner.strategy: 'fsdp' shards the model over processes and this run has "
+                    "one; start it with torchrun --nproc-per-node=N (N > 1), or use strategy auto"
+                )
             self.device = resolve_device(device, local_rank)
             if amp == "fp16" and self.device.type != "cuda":
                 raise ConfigError("runner.amp: 'fp16' needs a CUDA device; use 'bf16' on CPU")
@@ -114,7 +121,9 @@ class Runner:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self.unwrapped_model = model.to(self.device)
         self.model: nn.Module = self.unwrapped_model
-        if self.world_size > 1:
+        if self.strategy == "fsdp":
+            self.model = shard_model(model, optimizer, args.fsdp, self.device, amp)
+        elif self.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model = nn.parallel.DistributedDataParallel(model, device_ids=ids, **(ddp or {}))
         self.optimizer = optimizer
@@ -247,7 +256,7 @@ class Runner:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The run's mixed-precision context (``amp``), a no-op without AMP."""
-        if self.amp is None:
+        if self.amp is None or self.strategy == "fsdp":  # FSDP2's policy casts instead
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
 
@@ -326,15 +335,24 @@ class Runner:
         self.hooks.before_save_checkpoint(runner=self, checkpoint=state)
         return state
 
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """Whether checkpoints are folders written by every rank together (FSDP)."""
+        return self.strategy == "fsdp"
+
     def write_checkpoint(self, state: dict[str, Any], path: str | Path) -> Path:
         """Write a collected state atomically to ``path`` (this process only; values are
-        checked to load with ``weights_only=True``)."""
-        return ckpt_io.write(state, path)
+        checked to load with ``weights_only=True``); with :attr:`sharded_checkpoints` a
+        folder, and every rank calls this."""
+        return run_state.write(self, state, Path(path))
 
     def save_checkpoint(self, path: str | Path, save_optimizer: bool = True) -> Path:
-        """Write a checkpoint atomically (rank 0 writes, every rank waits for it)."""
+        """Write a checkpoint atomically (rank 0 writes, every rank waits for it; under FSDP
+        every rank writes its shards)."""
         path = Path(path)
         state = self.checkpoint_state(save_optimizer)
+        if self.sharded_checkpoints:
+            return run_state.write(self, state, path)
         error = None
         if self.is_main:
             try:

@@ -46,7 +46,11 @@ def collect(runner: Runner, save_optimizer: bool = True) -> dict[str, Any]:
         "plugins": {name: obj.state_dict() for name, obj in runner.manager.stateful().items()},  # type: ignore[attr-defined]
     }
     if save_optimizer and runner.optimizer is not None:
-        state["optimizer"] = runner.optimizer.state_dict()
+        state["optimizer"] = (
+            _sharded().optimizer_state(runner)
+            if runner.strategy == "fsdp"
+            else runner.optimizer.state_dict()
+        )
     if runner.scheduler is not None:
         state["scheduler"] = runner.scheduler.state_dict()
     if runner.scaler is not None:
@@ -68,10 +72,17 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
     """
     if resume:
         _restore_plugins(runner, checkpoint.get("plugins", {}))
-    runner.unwrapped_model.load_state_dict(checkpoint["model"])
+    sharded = runner.strategy == "fsdp"
+    if "sharded" in checkpoint:  # tensors from the folder's shards, optimizer included
+        _sharded().restore_tensors(runner, checkpoint, resume)
+    elif sharded:  # a file's whole tensors cut into this rank's shards, optimizer included
+        _sharded().restore_whole(runner, checkpoint, resume)
+    else:
+        runner.unwrapped_model.load_state_dict(checkpoint["model"])
     if not resume:
         return
-    for name in ("optimizer", "scheduler", "scaler"):
+    by_shards = sharded or "sharded" in checkpoint
+    for name in ("scheduler", "scaler") if by_shards else ("optimizer", "scheduler", "scaler"):
         target = getattr(runner, name)
         if target is not None and name in checkpoint:
             target.load_state_dict(checkpoint[name])
@@ -127,14 +138,38 @@ def _restore_plugins(runner: Runner, saved: dict[str, Any]) -> None:
             ) from exc
 
 
+def load(path: Path) -> dict[str, Any]:
+    """A checkpoint file, or a sharded checkpoint folder (:func:`hookrun.sharded.load`)."""
+    if path.is_dir():
+        return _sharded().load(path)
+    checkpoint = ckpt_io.load(path)
+    checkpoint.pop("sharded", None)  # the folder's path, set by its loader: never a file's word
+    return checkpoint
+
+
+def write(runner: Runner, state: dict[str, Any], path: Path) -> Path:
+    """Write ``state`` as a file (this process), or under FSDP as a sharded folder (every
+    rank calls this)."""
+    if runner.strategy == "fsdp":
+        return _sharded().write(state, path)
+    return ckpt_io.write(state, path)
+
+
+def _sharded() -> Any:
+    """:mod:`hookrun.sharded`, imported where a sharded checkpoint is met (it imports DCP)."""
+    from hookrun import sharded
+
+    return sharded
+
+
 def check_fit(runner: Runner, path: Path, resume: bool) -> dict[str, Any]:
-    """The checkpoint at ``path``, loaded and found to fit ``runner``; changes nothing. The
-    CLI asks before it writes anything into the work dir."""
-    if not path.is_file():
+    """The checkpoint at ``path`` (a file or a sharded folder), loaded and found to fit
+    ``runner``; changes nothing. The CLI asks before it writes anything into the work dir."""
+    if not path.exists():
         raise CheckpointMismatchError(
             f"checkpoint not found: {path}", path=path, reason="file not found"
         )
-    checkpoint = ckpt_io.load(path)
+    checkpoint = load(path)
     problems = fit_problems(runner, checkpoint, resume)
     if problems:
         reason = f"does not fit this run: {summary(problems)}"
@@ -202,7 +237,7 @@ def resume_auto(runner: Runner) -> Path | None:
     not_finite: list[Path] = []
     for path in ckpt_io.candidates(folder, runner.info):
         try:
-            checkpoint = ckpt_io.load(path)
+            checkpoint = load(path)
         except CheckpointMismatchError as exc:
             runner.info(f"skipping checkpoint {path}: cannot be loaded: {exc.reason}")
             skipped.append(path)

@@ -203,6 +203,16 @@ class RunnerProtocol(Protocol):
         """Whether this is rank 0 (writers, console and checkpoint files live there)."""
 
     @property
+    def strategy(self) -> str:
+        """How the model is shared: ``none`` (one process), ``ddp`` or ``fsdp`` (sharded:
+        the model's parameters are ``DTensor`` shards, every collective call on every rank)."""
+
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """Whether a checkpoint is a folder every rank writes its shards into (FSDP): then
+        :meth:`write_checkpoint` is called on every rank, not on rank 0 alone."""
+
+    @property
     def device(self) -> torch.device:
         """The device the model and batches are on."""
 
@@ -224,10 +234,12 @@ class RunnerProtocol(Protocol):
         """The full state a checkpoint holds, after ``before_save_checkpoint`` edited it."""
 
     def write_checkpoint(self, state: dict[str, Any], path: str | Path) -> Path:
-        """Write a collected state atomically to ``path`` from this process."""
+        """Write a collected state atomically to ``path`` from this process (with
+        :attr:`sharded_checkpoints`, a folder, every rank calling this together)."""
 
     def save_checkpoint(self, path: str | Path, save_optimizer: bool = True) -> Path:
-        """Collect and write a checkpoint (rank 0 writes, every rank waits)."""
+        """Collect and write a checkpoint (rank 0 writes, every rank waits; every rank
+        writes its shards with :attr:`sharded_checkpoints`)."""
 
     def rng_state(self) -> dict[str, Any]:
         """A snapshot of this process's random generators."""

@@ -581,6 +581,30 @@ def run_job(
     return proc
 
 
+def once_per_session(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    fill: Callable[[Path], object],
+) -> Path:
+    """The folder ``name`` that ``fill`` fills once per test session, shared by every
+    pytest-xdist worker (a file lock; pytest-xdist's recipe): an expensive job (a torchrun
+    launch) that several tests read runs once, not once per worker. ``fill`` must leave the
+    folder complete or raise; tests must not change it."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if hasattr(request.config, "workerinput") else base
+    folder = root / name
+    done = root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            fill(folder)
+            done.touch()
+    return folder
+
+
 def run_resume_job(
     work_dir: str | Path, expect: int = 0, timeout: float = 240, **options: Any
 ) -> subprocess.CompletedProcess[str]:

@@ -48,6 +48,7 @@ from hookrun import (
     dist,
     hookimpl,
     metric_rule,
+    remove_checkpoint,
     resolve_rule,
 )
 from hookrun_checkpoint.background import BackgroundWriter, HostCopy
@@ -67,6 +68,7 @@ from hookrun_checkpoint.ledger import (
 __all__ = ["Checkpoint", "CheckpointSettings", "HostCopy"]
 
 STALE_TEMP = re.compile(r"\.(?:[\w.-]+\.pt|latest)\..+\.tmp")
+STALE_PARTIAL = re.compile(r"\.[\w.-]+\.pt\.partial")  # a sharded save that never finished
 
 
 class CheckpointSettings(PluginSettings):
@@ -226,8 +228,8 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self.saved = None
         if runner.is_main and self.out_dir.is_dir():
             for leftover in self.out_dir.iterdir():  # temporary files of a killed write
-                if STALE_TEMP.fullmatch(leftover.name):
-                    leftover.unlink(missing_ok=True)
+                if STALE_TEMP.fullmatch(leftover.name) or STALE_PARTIAL.fullmatch(leftover.name):
+                    remove_checkpoint(leftover)
 
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
@@ -427,8 +429,9 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self.saved = (dict(state["loop"]), names[-1])
         state.setdefault("plugins", {})[self.name] = self.state_dict()
         paths = [self.out_dir / name for name in names]
-        background = background and self.settings.async_save
-        if runner.is_main:
+        sharded = runner.sharded_checkpoints  # FSDP: every rank writes its shards, in step
+        background = background and self.settings.async_save and not sharded
+        if runner.is_main or sharded:
             if background:
                 job = self.writer.host.copy(state)
                 write = runner.write_checkpoint
@@ -437,7 +440,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
                 runner.info(f"checkpoint: writing {paths[0]} in the background")
             else:
                 try:
-                    self._write(runner.write_checkpoint, state, paths, delete)
+                    self._write(runner.write_checkpoint, state, paths, delete, runner.is_main)
                 except BaseException:
                     self._set_state(previous, previous_saved)
                     raise
@@ -473,10 +476,14 @@ class Checkpoint(Plugin[CheckpointSettings]):
         state: dict[str, Any],
         paths: list[Path],
         delete: list[str],
+        main: bool = True,
     ) -> None:
-        """``write`` is the runner's: the background thread holds it, not the runner."""
+        """``write`` is the runner's: the background thread holds it, not the runner. Only
+        the ``main`` process (rank 0) points ``latest`` and deletes."""
         for path in paths:
             write(state, path)
+        if not main:
+            return
         pointer = self.out_dir / "latest"
         try:
             atomic_write_text(paths[-1].name + "\n", pointer)
@@ -487,7 +494,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
             if not own or not inside(self.out_dir, name):
                 continue  # never reached: the bookkeeping holds only such names
             try:
-                (self.out_dir / name).unlink(missing_ok=True)
+                remove_checkpoint(self.out_dir / name)
             except OSError as exc:  # an old file left behind is no reason to stop training
                 message = f"[hookrun] checkpoint: cannot delete {self.out_dir / name}: {exc}"
                 print(message, file=sys.stderr)

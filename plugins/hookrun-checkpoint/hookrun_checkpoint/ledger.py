@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-from hookrun import better, metric_rule
+from hookrun import better, checkpoint_state_file, metric_rule
 
 Rule = Literal["greater", "less"]
 Kept = list[str]  # rotating files, oldest first
@@ -82,7 +82,7 @@ def survey(
                 f"checkpoint: ignoring {what} from the checkpoint: it resolves outside {out_dir}"
             )
             return False
-        return (out_dir / name).is_file()
+        return (out_dir / name).exists()  # a file, or a sharded checkpoint's folder
 
     kept = [name for name in kept if usable(f"kept entry {name!r}", name)]
     best = {
@@ -109,7 +109,7 @@ def best_on_disk(
     metrics this run saves are looked at (every one under ``save_best: auto``)."""
     held: dict[str, dict[str, dict[str, Any]]] = {}  # file -> metric -> its own entry
     for path in sorted(out_dir.glob("best_*.pt")):
-        if plain_name(path.name, BEST) and inside(out_dir, path.name) and path.is_file():
+        if plain_name(path.name, BEST) and inside(out_dir, path.name) and path.exists():
             held[path.name] = stored_best(path)
     names = None if wanted == "auto" else {wanted} if isinstance(wanted, str) else set(wanted or ())
     result: dict[str, dict[str, Any]] = {}
@@ -195,7 +195,8 @@ def stored_best(path: Path) -> dict[str, dict[str, Any]]:
     """The best entries that the checkpoint ``path`` records for itself (those naming it),
     read without loading its tensors; nothing when it does not load."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        file = checkpoint_state_file(path)  # a sharded folder's state.pt
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
         best = state["plugins"]["checkpoint"]["best"]
         entries = best.items() if isinstance(best, dict) else ()
     except Exception:  # not a checkpoint of this plugin: it says nothing

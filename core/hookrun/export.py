@@ -1,0 +1,56 @@
+"""``hookrun export CHECKPOINT OUT.pt``: one consolidated weights file from any checkpoint.
+
+The file holds the plain state dict of the model (or, with ``ema``, the EMA plugin's
+average), every tensor whole, loadable with ``torch.load(OUT, weights_only=True)`` into the
+model as it is built without hookrun: what a checkpoint file holds as ``model``, or what
+the shards of a sharded folder add up to (read in this one process, no torchrun needed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookrun import checkpoint as ckpt_io
+from hookrun.errors import CheckpointMismatchError, HookrunError
+
+
+def export(checkpoint: Path, out: Path, ema: bool = False) -> int:
+    """Write ``checkpoint``'s weights to ``out`` atomically; the number of entries written.
+
+    A checkpoint that is missing or does not load, ``--ema`` on a checkpoint without EMA
+    weights, or an ``out`` that is a folder or the checkpoint itself is one error line,
+    found before anything is written.
+    """
+    if not checkpoint.exists():
+        raise CheckpointMismatchError(
+            f"checkpoint not found: {checkpoint}", path=checkpoint, reason="file not found"
+        )
+    if out.is_dir():
+        raise HookrunError(f"OUT: {out} is a folder; name the file to write")
+    if out.resolve() == checkpoint.resolve():
+        raise HookrunError(f"OUT: {out} is the checkpoint itself; name another file")
+    weights = _weights(checkpoint, ema)
+    ckpt_io.atomic_save(weights, out)
+    return len(weights)
+
+
+def _weights(checkpoint: Path, ema: bool) -> dict[str, torch.Tensor]:
+    if checkpoint.is_dir():
+        from hookrun import sharded
+
+        state = sharded.load(checkpoint)  # checks the folder: complete, DCP's metadata
+        if not ema:
+            return sharded.full_model_state(checkpoint)
+    else:
+        state = ckpt_io.load(checkpoint)
+        if not ema:
+            return dict(state["model"])
+    average: Any = state.get("plugins", {}).get("ema") or {}
+    if not isinstance(average, dict) or not isinstance(average.get("model"), dict):
+        raise HookrunError(
+            f"--ema: checkpoint {checkpoint} holds no EMA weights (the ema plugin was not on)"
+        )
+    return dict(average["model"])
