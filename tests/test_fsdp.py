@@ -236,14 +236,15 @@ def test_export_of_a_folder_loads_into_the_plain_model(compared, tmp_path, capsy
 
 
 def test_export_of_a_file_equals_the_export_of_the_same_state_sharded(compared, tmp_path, capsys):
-    # DDP saved iter_9.pt as a file, FSDP as a folder: the same weights (bit for bit, above)
+    # DDP saved iter_9.pt as a file, FSDP as a folder: the same weights (to 1e-6, above)
     from_file, from_folder = tmp_path / "file.pt", tmp_path / "folder.pt"
     assert export(capsys, compared / "ddp" / "checkpoints" / "iter_9.pt", from_file)[0] == 0
     assert export(capsys, compared / "fsdp" / "checkpoints" / "iter_9.pt", from_folder)[0] == 0
     left = torch.load(from_file, weights_only=True)
     right = torch.load(from_folder, weights_only=True)
     assert left.keys() == right.keys() == model().state_dict().keys()
-    assert all(torch.equal(left[k], right[k]) for k in left)
+    for name, tensor in left.items():
+        torch.testing.assert_close(right[name], tensor, rtol=0, atol=1e-6)
 
 
 def test_export_ema_writes_the_average(tmp_path, capsys, hookrun_isolated):
