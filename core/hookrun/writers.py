@@ -155,10 +155,7 @@ class TensorBoardWriter(Writer):
         """``image``: CHW float in [0, 1] (clamped, see FACTS) or uint8."""
         from tensorboardX.summary import image as image_summary
 
-        tensor = torch.as_tensor(image).detach().cpu()
-        if tensor.dtype != torch.uint8:
-            tensor = (tensor.float().clamp(0, 1) * 255).round().to(torch.uint8)
-        self._write(image_summary(name, tensor.numpy()), step)
+        self._write(image_summary(name, image_uint8(image).numpy()), step)
 
     def write_config(self, config: Mapping[str, Any]) -> None:
         from tensorboardX.summary import text
@@ -345,6 +342,30 @@ def run_status(exc: BaseException | None, stopped_by_signal: bool) -> str:
     if isinstance(exc, KeyboardInterrupt) or (exc is None and stopped_by_signal):
         return "killed"
     return "finished" if exc is None else "failed"
+
+
+def image_uint8(image: Any) -> torch.Tensor:
+    """A writer's image as uint8 on the CPU, its shape kept: floats are taken as [0, 1],
+    clamped (tensorboardX wraps values above 1, see FACTS) and rounded."""
+    tensor = torch.as_tensor(image).detach().cpu()
+    if tensor.dtype != torch.uint8:
+        tensor = (tensor.float().clamp(0, 1) * 255).round().to(torch.uint8)
+    return tensor
+
+
+CHECKPOINT_CHOICES = ("best", "last", "none")
+
+
+def checkpoint_files(folder: Path, which: str) -> list[Path]:
+    """The checkpoint files a tracker uploads (``log_checkpoints``): ``best`` every
+    ``best_*.pt`` of ``folder``, ``last`` the file its ``latest`` pointer names (a plain
+    name of the folder only), ``none`` nothing."""
+    from hookrun.checkpoint import pointed
+
+    if which == "best":
+        return sorted(p for p in folder.glob("best_*.pt") if p.is_file())
+    name = pointed(folder) if which == "last" else None
+    return [folder / name] if name and (folder / name).is_file() else []
 
 
 def _json_number(value: float) -> float | str:
