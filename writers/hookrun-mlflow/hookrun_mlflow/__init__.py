@@ -16,15 +16,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hookrun import Writer
+from hookrun import CHECKPOINT_CHOICES, Writer, checkpoint_files, image_uint8
 
 #: hookrun's run status to MLflow's ``RunStatus`` name.
 STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 
 #: Values longer than this (as text) go only to the ``config.yaml`` artifact.
 MAX_PARAM_CHARS = 500
-
-CHECKPOINT_CHOICES = ("best", "last", "none")
 
 
 class MlflowWriter(Writer):
@@ -88,18 +86,14 @@ class MlflowWriter(Writer):
 
     def write_image(self, name: str, image: Any, step: int) -> None:
         """``image``: CHW float in [0, 1] (clamped) or uint8; an MLflow image series."""
-        import torch
-
-        tensor = torch.as_tensor(image).detach().cpu()
-        if tensor.dtype != torch.uint8:
-            tensor = (tensor.float().clamp(0, 1) * 255).round().to(torch.uint8)
+        tensor = image_uint8(image)
         array = tensor.permute(1, 2, 0).numpy() if tensor.dim() == 3 else tensor.numpy()
         run_id = self._run()
         self._client.log_image(run_id, array, key=metric_key(name), step=step)
 
     def finish(self, status: str) -> None:
         run_id = self._run()
-        for path in self._checkpoints():
+        for path in checkpoint_files(self.checkpoint_dir, self.log_checkpoints):
             self._client.log_artifact(run_id, str(path), artifact_path="checkpoints")
         self._client.set_terminated(run_id, STATUS.get(status, "FAILED"))
 
@@ -169,19 +163,6 @@ class MlflowWriter(Writer):
             self._client.log_batch(self.run_id, params=params[start : start + 100])
         self._client.log_dict(self.run_id, self._config, "config.yaml")
         self._config = None
-
-    def _checkpoints(self) -> list[Path]:
-        """The checkpoint files ``log_checkpoints`` asks for, plain names in the folder."""
-        folder = self.checkpoint_dir
-        if self.log_checkpoints == "best":
-            return sorted(folder.glob("best_*.pt"))
-        pointer = folder / "latest"
-        if self.log_checkpoints == "last" and pointer.is_file():
-            name = pointer.read_text().strip()
-            path = folder / name
-            if name == Path(name).name and path.is_file():
-                return [path]
-        return []
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
