@@ -19,6 +19,7 @@ _EXPORTS = {
     "Writer": "hookrun.writers",
     "image_uint8": "hookrun.writers",
     "checkpoint_files": "hookrun.writers",
+    "checkpoint_signature": "hookrun.writers",
     "CHECKPOINT_CHOICES": "hookrun.writers",
     "ScalarStore": "hookrun.scalars",
     "rank_zero_only": "hookrun.dist",
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from hookrun.writers import CHECKPOINT_CHOICES as CHECKPOINT_CHOICES
     from hookrun.writers import Writer as Writer
     from hookrun.writers import checkpoint_files as checkpoint_files
+    from hookrun.writers import checkpoint_signature as checkpoint_signature
     from hookrun.writers import image_uint8 as image_uint8
 
 

@@ -14,7 +14,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -356,16 +356,25 @@ def image_uint8(image: Any) -> torch.Tensor:
 CHECKPOINT_CHOICES = ("best", "last", "none")
 
 
-def checkpoint_files(folder: Path, which: str) -> list[Path]:
+def checkpoint_files(folder: Path, which: str, done: Collection[str] = ()) -> list[Path]:
     """The checkpoint files a tracker uploads (``log_checkpoints``): ``best`` every
     ``best_*.pt`` of ``folder``, ``last`` the file its ``latest`` pointer names (a plain
-    name of the folder only), ``none`` nothing."""
+    name of the folder only), ``none`` nothing; less those whose
+    :func:`checkpoint_signature` is in ``done`` (uploaded by an earlier pass)."""
     from hookrun.checkpoint import pointed
 
     if which == "best":
-        return sorted(p for p in folder.glob("best_*.pt") if p.is_file())
-    name = pointed(folder) if which == "last" else None
-    return [folder / name] if name and (folder / name).is_file() else []
+        files = sorted(p for p in folder.glob("best_*.pt") if p.is_file())
+    else:
+        name = pointed(folder) if which == "last" else None
+        files = [folder / name] if name and (folder / name).is_file() else []
+    return [path for path in files if checkpoint_signature(path) not in done]
+
+
+def checkpoint_signature(path: Path) -> str:
+    """``name size mtime_ns``: tells a file a tracker already uploaded from a rewritten one."""
+    stat = path.stat()
+    return f"{path.name} {stat.st_size} {stat.st_mtime_ns}"
 
 
 def _json_number(value: float) -> float | str:
