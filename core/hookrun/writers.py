@@ -322,9 +322,9 @@ def restore_writer_states(writers: list[Writer], states: Mapping[str, Any]) -> N
 
 
 def close_writers(writers: list[Writer], status: str) -> dict[str, dict[str, Any]]:
-    """Finish every writer with the run's ``status``; returns their states for a later
-    pass of the same Runner. Every writer is closed even when one of them raises."""
-    states = writer_states(writers)
+    """Finish every writer with the run's ``status``; returns their states, taken after
+    (what finishing uploaded included), for a later pass of the same Runner. Every writer
+    is finished even when one of them raises."""
     errors = []
     for writer in writers:
         try:
@@ -333,7 +333,7 @@ def close_writers(writers: list[Writer], status: str) -> dict[str, dict[str, Any
             errors.append(exc)
     if errors:
         raise errors[0]
-    return states
+    return writer_states(writers)
 
 
 def run_status(exc: BaseException | None, stopped_by_signal: bool) -> str:
