@@ -16,7 +16,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hookrun import CHECKPOINT_CHOICES, Writer, checkpoint_files, image_uint8
+from hookrun import (
+    CHECKPOINT_CHOICES,
+    Writer,
+    checkpoint_files,
+    checkpoint_signature,
+    image_uint8,
+)
 
 #: hookrun's run status to MLflow's ``RunStatus`` name.
 STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
@@ -51,6 +57,7 @@ class MlflowWriter(Writer):
         self.checkpoint_dir = self.work_dir / checkpoint_dir
         self.run_id: str | None = None
         self._resume_id: str | None = None
+        self._uploaded: list[str] = []  # checkpoint_signature of each file uploaded
         self._config: dict[str, Any] | None = None
         self._client: Any = None
 
@@ -93,18 +100,23 @@ class MlflowWriter(Writer):
 
     def finish(self, status: str) -> None:
         run_id = self._run()
-        for path in checkpoint_files(self.checkpoint_dir, self.log_checkpoints):
+        for path in checkpoint_files(self.checkpoint_dir, self.log_checkpoints, self._uploaded):
             self._client.log_artifact(run_id, str(path), artifact_path="checkpoints")
+            self._uploaded.append(checkpoint_signature(path))
         self._client.set_terminated(run_id, STATUS.get(status, "FAILED"))
 
     def state_dict(self) -> dict[str, Any]:
         run_id = self.run_id or self._resume_id
-        return {"run_id": run_id} if run_id else {}
+        if not run_id:
+            return {}
+        return {"run_id": run_id, "checkpoints": list(self._uploaded)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """The run to continue; ignored once this writer has opened its run."""
+        """The run to continue and the checkpoints it holds; ignored once this writer has
+        opened its run."""
         if self.run_id is None and isinstance(state.get("run_id"), str):
             self._resume_id = state["run_id"]
+            self._uploaded = [str(s) for s in state.get("checkpoints") or ()]
 
     # -- the MLflow run ----------------------------------------------------------------------
 
