@@ -68,7 +68,11 @@ def records(path: Path) -> Iterator[Any]:
 
 
 def read_runs(work_dir: Path) -> dict[str, Any]:
-    """Everything the offline runs of ``work_dir`` hold, by record kind, in file order."""
+    """Everything the offline runs of ``work_dir`` hold, by record kind, in file order,
+    once W&B's service has written all it was sent (as when a process ends)."""
+    import wandb
+
+    wandb.teardown()  # run.finish() may return before wandb-core wrote its last records
     found: dict[str, Any] = {"run": [], "history": [], "config": {}, "summary": {}, "exit": []}
     found["artifact"] = []
     for path in sorted((work_dir / "wandb").glob("offline-run-*/run-*.wandb")):
@@ -192,3 +196,19 @@ def test_bad_options_are_named_before_the_run() -> None:
         "runner.writers.wandb.log_checkpoints: expected one of best, last, none (got 'all')",
         "runner.writers.wandb.init_kwargs.id: set by the writer (use its own options)",
     ]
+
+
+def test_no_login_degrades_to_an_offline_run_with_one_notice(
+    tmp_path: Path, offline: None, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: W&B has no key
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    kwargs = toy_runner_kwargs(tmp_path, writers={"wandb": {"mode": "online"}}, max_epochs=1)
+    Runner(**kwargs).train()
+    err = capsys.readouterr().err
+    assert err.count("[hookrun] wandb: cannot start an online run") == 1, err
+    found = read_runs(kwargs["work_dir"])
+    assert [s for s, _ in points(found, "val/accuracy")] == [3]
+    assert found["exit"] == [0]
