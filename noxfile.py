@@ -21,7 +21,7 @@ PLUGINS = sorted(
 )
 TEST_DEPS = ["pytest>=8", "scikit-learn", "tensorboard", "numpy", "setuptools>=70"]
 # the trackers' own libraries, to read their stores back in the writers' tests
-TRACKER_DEPS = ["mlflow-skinny", "dvclive", "wandb"]
+TRACKER_DEPS = ["mlflow-skinny", "dvclive", "wandb", "neptune"]
 DOCS_DEPS = ["mkdocs-material", "jsonschema"]
 LIST_WRITERS = (
     "import importlib.metadata as m, json; "
