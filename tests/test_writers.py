@@ -211,10 +211,11 @@ def test_writers_finish_with_the_run_status_and_keep_their_state(tmp_path):
 
 def test_unknown_tracker_writer_names_its_distribution():
     from hookrun.discovery import WRITER_GROUP, installed
-    from hookrun.writers import writer_errors
+    from hookrun.writers import TRACKER_WRITERS, writer_errors
 
-    if "neptune" in installed(WRITER_GROUP):
-        pytest.skip("hookrun-neptune is installed")
-    assert writer_errors(["neptune"]) == [
-        "runner.writers.neptune: unknown writer (pip install hookrun-neptune)"
+    missing = [name for name in TRACKER_WRITERS if name not in installed(WRITER_GROUP)]
+    if not missing:
+        pytest.skip("every tracker writer is installed here (nox -s plugins runs this alone)")
+    assert writer_errors([missing[0]]) == [
+        f"runner.writers.{missing[0]}: unknown writer (pip install hookrun-{missing[0]})"
     ]
