@@ -99,6 +99,8 @@ class MlflowWriter(Writer):
         self._client.log_image(run_id, array, key=metric_key(name), step=step)
 
     def finish(self, status: str) -> None:
+        """Checkpoints under ``checkpoints/``, then the run ends ``FINISHED``, ``FAILED``
+        or ``KILLED``."""
         run_id = self._run()
         for path in checkpoint_files(self.checkpoint_dir, self.log_checkpoints, self._uploaded):
             self._client.log_artifact(run_id, str(path), artifact_path="checkpoints")
