@@ -30,6 +30,7 @@ class DVCLiveWriter(Writer):
         dir: str = "dvclive",
         exp_name: str | None = None,
         save_dvc_exp: bool = False,
+        dvcyaml: bool = False,
         log_checkpoints: str = "none",
         checkpoint_dir: str = "checkpoints",
     ) -> None:
@@ -37,6 +38,7 @@ class DVCLiveWriter(Writer):
         self.dir = self.work_dir / dir
         self.exp_name = exp_name or self.work_dir.absolute().name
         self.save_dvc_exp = save_dvc_exp
+        self.dvcyaml = dvcyaml
         self.log_checkpoints = log_checkpoints
         self.checkpoint_dir = self.work_dir / checkpoint_dir
         self._config: dict[str, Any] | None = None
@@ -101,6 +103,8 @@ class DVCLiveWriter(Writer):
                 str(self.dir),
                 resume=self.dir.exists(),
                 save_dvc_exp=self.save_dvc_exp,
+                # DVCLive's default writes dvc.yaml into the current directory of a Git repo
+                dvcyaml="dvc.yaml" if self.dvcyaml else False,
                 exp_name=self.exp_name if self.save_dvc_exp else None,
             )
             if self._config is not None:

@@ -29,8 +29,14 @@ OFFLINE = {"DVC_NO_ANALYTICS": "1", "DVCLIVE_OPEN": "0"}
 
 
 @pytest.fixture
-def offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No socket may connect anywhere; no analytics, no Studio token."""
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In ``tmp_path``, a Git repo with a commit (where DVCLive would write its dvc.yaml; it
+    fails in one without commits); no socket may connect anywhere; no analytics, no
+    Studio token."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "start"], check=True)
+    monkeypatch.chdir(tmp_path)
 
     def refuse(self: socket.socket, address: Any) -> None:
         raise AssertionError(f"a test tried to connect to {address}")
@@ -125,12 +131,13 @@ def test_resume_adds_to_the_same_files(tmp_path: Path, offline: None) -> None:
     # the epoch checkpoint precedes its validation, which the resumed run repeats
     assert [s for s, _ in series(folder, "val/accuracy")] == [3, 3, 6]
     assert dvclive_utils.parse_json(folder / "metrics.json")["step"] == 6
+    assert not (tmp_path / "dvc.yaml").exists()  # nothing written outside the work dir
 
 
 def test_bad_options_are_named_before_the_run() -> None:
     assert writer_errors({"dvclive": {"dirr": "x"}}) == [
         "runner.writers.dvclive.dirr: unknown option (did you mean 'dir'?) "
-        "(options: dir, exp_name, save_dvc_exp, log_checkpoints, checkpoint_dir)"
+        "(options: dir, exp_name, save_dvc_exp, dvcyaml, log_checkpoints, checkpoint_dir)"
     ]
     assert writer_errors({"dvclive": {"dir": "../elsewhere", "log_checkpoints": "all"}}) == [
         "runner.writers.dvclive.dir: a folder inside the work dir (got '../elsewhere')",
