@@ -191,3 +191,15 @@ def test_bad_options_are_named_before_the_run() -> None:
     assert writer_errors({"mlflow": {"log_checkpoints": "all"}}) == [
         "runner.writers.mlflow.log_checkpoints: expected one of best, last, none (got 'all')"
     ]
+
+
+def test_a_stop_signal_leaves_the_run_killed(tmp_path: Path, offline: None) -> None:
+    from hookrun.testing import SignalAt
+
+    stop = SignalAt("after_train_iter", 2, name="SIGINT")  # a real Ctrl-C after iteration 2
+    kwargs = toy_runner_kwargs(tmp_path, writers=["mlflow"], hooks=[stop], log_interval=1)
+    with pytest.raises(KeyboardInterrupt):  # re-delivered once the writers are finished
+        Runner(**kwargs).train()
+    run = only_run(kwargs["work_dir"])
+    assert run.info.status == "KILLED"
+    assert [s for s, _ in history(kwargs["work_dir"], run.info.run_id, "train/loss")] == [1, 2]
