@@ -13,7 +13,12 @@ nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
 CONSTRAINTS = ["-c", str(ROOT / "constraints.txt")]
-PLUGINS = sorted(p for p in (ROOT / "plugins").glob("hookrun-*") if (p / "pyproject.toml").exists())
+# every distribution beside the core: the built-in plugins and the tracker writers
+PLUGINS = sorted(
+    p
+    for p in (*(ROOT / "plugins").glob("hookrun-*"), *(ROOT / "writers").glob("hookrun-*"))
+    if (p / "pyproject.toml").exists()
+)
 TEST_DEPS = [
     "pytest-xdist",
     "pytest>=8",
@@ -23,7 +28,13 @@ TEST_DEPS = [
     "setuptools>=70",
     "pytorch-ignite>=0.5.5",  # the reference for early stopping and top-k checkpoints
 ]
+# the trackers' own libraries, to read their stores back in the writers' tests
+TRACKER_DEPS = ["mlflow-skinny", "dvclive", "wandb", "neptune"]
 DOCS_DEPS = ["mkdocs-material", "jsonschema"]
+LIST_WRITERS = (
+    "import importlib.metadata as m, json; "
+    "print(json.dumps(sorted(e.name for e in m.entry_points(group='hookrun.writers'))))"
+)
 
 
 def install_project(session: nox.Session, *extra: str) -> None:
@@ -37,7 +48,7 @@ def install_project(session: nox.Session, *extra: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite: core, CLI, cross-plugin and every plugin's own tests."""
-    install_project(session, *DOCS_DEPS)
+    install_project(session, *DOCS_DEPS, *TRACKER_DEPS)
     paths = ["tests", *(str(p / "tests") for p in PLUGINS if (p / "tests").exists())]
     pytest = ["pytest", "-q", "-p", "no:cacheprovider", *paths, *session.posargs]
     # in parallel (one worker per core, at most 4), then alone the tests asserting wall-clock
@@ -57,7 +68,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy on the core package and on every plugin package (against ``RunnerProtocol``)."""
-    install_project(session, "mypy", "types-PyYAML", "pydantic>=2.14")
+    install_project(session, "mypy", "types-PyYAML", "pydantic>=2.14", *TRACKER_DEPS)
     packages = [str(init.parent) for p in PLUGINS for init in p.glob("hookrun_*/__init__.py")]
     # mypy does not follow setuptools' editable finders: give it the source folders
     search = os.pathsep.join(["core", *(str(p) for p in PLUGINS)])
@@ -99,7 +110,8 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def plugins(session: nox.Session) -> None:
-    """Each plugin built, installed alone with hookrun in a fresh env, listed and tested."""
+    """Each plugin and writer built, installed alone with hookrun in a fresh env, listed and
+    tested."""
     session.install("build")
     dist_dir = Path(session.create_tmp()) / "dist"
     session.run("python", "-m", "build", "--outdir", str(dist_dir), ".")
@@ -123,10 +135,14 @@ def plugins(session: nox.Session) -> None:
             *TEST_DEPS,
             external=True,
         )
-        listed = session.run(
-            py, "-m", "hookrun", "plugins", "list", "--json", silent=True, external=True
-        )
-        names = [row["name"] for row in json.loads(str(listed))]
+        if plugin.parent.name == "writers":  # a writer entry point beside the built-in two
+            listed = session.run(py, "-c", LIST_WRITERS, silent=True, external=True)
+            names = [n for n in json.loads(str(listed)) if n not in ("jsonl", "tensorboard")]
+        else:
+            listed = session.run(
+                py, "-m", "hookrun", "plugins", "list", "--json", silent=True, external=True
+            )
+            names = [row["name"] for row in json.loads(str(listed))]
         expected = plugin.name.removeprefix("hookrun-").replace("-", "_")
         if names != [expected]:
             session.error(f"{plugin.name}: plugins list shows {names}, expected [{expected!r}]")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from hookrun import Runner, hookimpl
+from hookrun import Runner, Writer, hookimpl
 from hookrun.errors import ConfigError
 from hookrun_testutil import toy_runner_kwargs
 
@@ -135,3 +136,86 @@ def test_unknown_writer_name(tmp_path):
         ConfigError, match=r"writers.tensorbord: unknown writer \(did you mean 'tensorboard'\?\)"
     ):
         Runner(**toy_runner_kwargs(tmp_path, writers=("tensorbord",)))
+
+
+class Recorder(Writer):
+    """A writer instance that records how each pass ended and what state it was given."""
+
+    name = "recorder"
+
+    def __init__(self):
+        super().__init__(".")
+        self.ends, self.given, self.run_id = [], [], None
+
+    def write_scalars(self, scalars, step):
+        self.run_id = self.run_id or "run-0"
+
+    def finish(self, status):
+        self.ends.append(status)
+
+    def state_dict(self):
+        return {"run_id": self.run_id} if self.run_id else {}
+
+    def load_state_dict(self, state):
+        self.given.append(dict(state))
+        self.run_id = state["run_id"]
+
+
+class Fail:
+    @hookimpl
+    def before_train_iter(self, runner):
+        if runner.iter == 2:
+            raise ValueError("boom")
+
+
+class StopAt:
+    """Sends this process SIGINT after iteration 2: a stop signal."""
+
+    @hookimpl
+    def after_train_iter(self, runner):
+        if runner.iter == 1:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_writers_finish_with_the_run_status_and_keep_their_state(tmp_path):
+    from hookrun.testing import SaveEvery
+
+    writer = Recorder()
+    runner = Runner(**toy_runner_kwargs(tmp_path, writers=[writer], hooks=[SaveEvery(3)]))
+    runner.train()
+    runner.test_dataloader = None
+    runner.val()  # a later pass of the same Runner reopens with the state the last one left
+    assert writer.ends == ["finished", "finished"]
+    assert writer.given == [{"run_id": "run-0"}]
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "epoch_1.pt", weights_only=True)
+    assert saved["writers"] == {"recorder": {"run_id": "run-0"}}
+
+    resumed = Recorder()
+    kwargs = toy_runner_kwargs(tmp_path, writers=[resumed], max_epochs=3)
+    Runner(**kwargs).train(resume=tmp_path / "run" / "checkpoints" / "epoch_1.pt")
+    assert resumed.given == [{"run_id": "run-0"}] and resumed.ends == ["finished"]
+
+    failing = Recorder()
+    with pytest.raises(ValueError, match="boom"):
+        Runner(**toy_runner_kwargs(tmp_path / "f", writers=[failing], hooks=[Fail()])).train()
+    assert failing.ends == ["failed"]
+
+    stopped = Recorder()
+    with pytest.raises(KeyboardInterrupt):  # SIGINT is re-delivered after the writers close
+        Runner(**toy_runner_kwargs(tmp_path / "s", writers=[stopped], hooks=[StopAt()])).train()
+    assert stopped.ends == ["killed"]
+
+
+def test_unknown_tracker_writer_names_its_distribution():
+    from hookrun.discovery import WRITER_GROUP, installed
+    from hookrun.writers import TRACKER_WRITERS, writer_errors
+
+    missing = [name for name in TRACKER_WRITERS if name not in installed(WRITER_GROUP)]
+    if not missing:
+        pytest.skip("every tracker writer is installed here (nox -s plugins runs this alone)")
+    assert writer_errors([missing[0]]) == [
+        f"runner.writers.{missing[0]}: unknown writer (pip install hookrun-{missing[0]})"
+    ]

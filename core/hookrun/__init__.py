@@ -17,6 +17,10 @@ _EXPORTS = {
     "Priority": "hookrun.plugin",
     "hookimpl": "hookrun.plugin",
     "Writer": "hookrun.writers",
+    "image_uint8": "hookrun.writers",
+    "checkpoint_files": "hookrun.writers",
+    "checkpoint_signature": "hookrun.writers",
+    "CHECKPOINT_CHOICES": "hookrun.writers",
     "ScalarStore": "hookrun.scalars",
     "rank_zero_only": "hookrun.dist",
     "HookrunError": "hookrun.errors",
@@ -71,7 +75,11 @@ if TYPE_CHECKING:
     from hookrun.steps import batch_size as batch_size
     from hookrun.surface import RunnerProtocol as RunnerProtocol
     from hookrun.timefmt import format_duration as format_duration
+    from hookrun.writers import CHECKPOINT_CHOICES as CHECKPOINT_CHOICES
     from hookrun.writers import Writer as Writer
+    from hookrun.writers import checkpoint_files as checkpoint_files
+    from hookrun.writers import checkpoint_signature as checkpoint_signature
+    from hookrun.writers import image_uint8 as image_uint8
 
 
 def __getattr__(name: str) -> Any:

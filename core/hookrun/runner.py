@@ -33,7 +33,7 @@ from hookrun.reporting import Reporter
 from hookrun.scalars import ScalarStore
 from hookrun.sharding import eval_sampler, train_sampler
 from hookrun.steps import check_convention, to_device
-from hookrun.writers import Writer, open_writers, resolve_writers
+from hookrun.writers import Writer, close_writers, open_writers, resolve_writers, run_status
 
 if TYPE_CHECKING:
     from hookrun.surface import RunnerProtocol
@@ -378,13 +378,17 @@ class Runner:
         self._depth += 1
         previous, self.mode = self.mode, mode
         if outer and self.is_main and not self.writers:
-            self.writers = open_writers(self._writer_classes, self.work_dir)
+            # the states of this Runner's previous pass: a test pass continues the tracker run
+            states = getattr(self, "_writer_states", {})
+            self.writers = open_writers(self._writer_classes, self.work_dir, states)
             config = {**self.config, "active_plugins": self._plugin_rows()}
             for writer in self.writers:
                 writer.write_config(config)
+        failure: BaseException | None = None
         try:
             yield
         except BaseException as exc:
+            failure = exc
             if outer:
                 self._on_exception(exc)
             raise
@@ -392,9 +396,9 @@ class Runner:
             self._depth -= 1
             self.mode = previous
             if outer:
-                for writer in self.writers:
-                    writer.close()
-                self.writers = []
+                status = run_status(failure, self.stop_signals.agreed is not None)
+                writers, self.writers = self.writers, []
+                self._writer_states = close_writers(writers, status)
 
     def _on_exception(self, exc: BaseException) -> None:
         self.hooks.on_exception(runner=self, exception=exc)

@@ -16,6 +16,7 @@ from hookrun import dist
 from hookrun.errors import CheckpointError, CheckpointMismatchError
 from hookrun.loop import LoopPosition, Phase
 from hookrun.resume import disagreement, fit_problems, non_finite, summary
+from hookrun.writers import restore_writer_states, writer_states
 
 if TYPE_CHECKING:
     from hookrun.runner import Runner
@@ -57,6 +58,9 @@ def collect(runner: Runner, save_optimizer: bool = True) -> dict[str, Any]:
         state["scaler"] = runner.scaler.state_dict()
     if ranks is not None:
         state["rng_ranks"] = ranks
+    writers = writer_states(runner.writers)  # rank 0's trackers: their run ids, for resume
+    if writers:
+        state["writers"] = writers
     return state
 
 
@@ -72,6 +76,7 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
     """
     if resume:
         _restore_plugins(runner, checkpoint.get("plugins", {}))
+        restore_writer_states(runner.writers, checkpoint.get("writers") or {})
     sharded = runner.strategy == "fsdp"
     if "sharded" in checkpoint:  # tensors from the folder's shards, optimizer included
         _sharded().restore_tensors(runner, checkpoint, resume)

@@ -75,6 +75,36 @@ def hookrun_isolated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HOOKRUN_DISABLE_PLUGINS", raising=False)
 
 
+_NETWORK_GUARD = """
+import socket
+
+_connect = socket.socket.connect
+
+
+def _refuse(self, address):
+    if isinstance(address, tuple):  # an internet address; local (unix) sockets stay open
+        with open({log!r}, "a") as log:
+            log.write(repr(address) + "\\n")
+        raise ConnectionRefusedError(f"no network in this test (connect to {{address}})")
+    return _connect(self, address)
+
+
+socket.socket.connect = _refuse
+"""
+
+
+def network_guard_env(env: Mapping[str, str], folder: Path) -> tuple[dict[str, str], Path]:
+    """``env`` for a subprocess in which every connection to an internet address fails and
+    is recorded, one line each, in the returned log file (absent when nothing tried): a
+    ``sitecustomize`` module in ``folder`` put first on ``PYTHONPATH``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "connections.log"
+    (folder / "sitecustomize.py").write_text(_NETWORK_GUARD.format(log=str(log)))
+    guarded = dict(env)
+    guarded["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH")]))
+    return guarded, log
+
+
 @pytest.fixture
 def hookrun_one_thread() -> Iterator[None]:
     """One intra-op thread for the test: tiny models run faster and steadier on shared CPUs."""
@@ -497,6 +527,39 @@ class SignalAt:
     @_hookimpl
     def after_val_iter(self, runner: Any) -> None:
         self._maybe_send("after_val_iter", runner.iter)
+
+
+class RaiseAt:
+    """Ad-hoc hook: raises ``RuntimeError`` as iteration ``iters`` (0-based) is about to
+    start: a run that fails in a hook, for what writers and plugins do on failure."""
+
+    def __init__(self, iters: int) -> None:
+        self.iters = iters
+
+    @_hookimpl
+    def before_train_iter(self, runner: Any) -> None:
+        if runner.iter == self.iters:
+            raise RuntimeError(f"RaiseAt: failing at iteration {self.iters}")
+
+
+def toy_task(raise_at: int | None = None) -> dict[str, Any]:
+    """The toy task as a task callable for configs (``task: hookrun.testing:toy_task``):
+    :func:`toy_runner_kwargs`'s objects with a test loader; ``raise_at``: see :class:`RaiseAt`."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = toy_model()
+    return {
+        "model": model,
+        "train_dataloader": toy_data(12, 4),
+        "val_dataloader": toy_data(8, 4, shuffle=False, seed=1),
+        "test_dataloader": toy_data(8, 4, shuffle=False, seed=2),
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "criterion": nn.CrossEntropyLoss(),
+        "metrics": {"accuracy": accuracy},
+        "hooks": [] if raise_at is None else [RaiseAt(raise_at)],
+    }
 
 
 class SaveEvery:

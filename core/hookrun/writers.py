@@ -14,7 +14,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,27 @@ import torch
 from hookrun.discovery import WRITER_GROUP, clash_message, clashes, did_you_mean, installed
 from hookrun.errors import ConfigError
 
+#: How a run ended, handed to :meth:`Writer.finish`: trackers close their run with it.
+RUN_STATUSES = ("finished", "failed", "killed")
+
+#: Writer names served by hookrun's tracker distributions (for the install hint).
+TRACKER_WRITERS = ("mlflow", "wandb", "dvclive", "neptune")
+
 
 class Writer:
     """Base class of writers; constructed as ``Writer(work_dir, **options)`` on rank 0."""
 
+    #: The writer's entry-point name: its state is saved under ``checkpoint["writers"][name]``.
+    name: str = ""
+
     def __init__(self, work_dir: str | Path, **options: Any) -> None:
         self.work_dir = Path(work_dir)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> list[str]:
+        """Problems of the option values, ``"<option>: <what is wrong>"`` each, found before
+        the run starts (unknown option names are found from the constructor's signature)."""
+        return []
 
     def write_scalar(self, name: str, value: float, step: int) -> None:
         self.write_scalars({name: value}, step)
@@ -50,6 +65,19 @@ class Writer:
 
     def close(self) -> None:
         self.flush()
+
+    def finish(self, status: str) -> None:
+        """Close at the end of a run that ``status`` describes (one of ``RUN_STATUSES``):
+        trackers mark their run with it; the default just closes."""
+        self.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What resuming needs (a tracker's run id); saved in checkpoints when not empty."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Given the saved state on resume, and when the same Runner opens its writers again
+        (a test pass after training), before anything is written; default: ignore it."""
 
 
 class JsonlWriter(Writer):
@@ -127,10 +155,7 @@ class TensorBoardWriter(Writer):
         """``image``: CHW float in [0, 1] (clamped, see FACTS) or uint8."""
         from tensorboardX.summary import image as image_summary
 
-        tensor = torch.as_tensor(image).detach().cpu()
-        if tensor.dtype != torch.uint8:
-            tensor = (tensor.float().clamp(0, 1) * 255).round().to(torch.uint8)
-        self._write(image_summary(name, tensor.numpy()), step)
+        self._write(image_summary(name, image_uint8(image).numpy()), step)
 
     def write_config(self, config: Mapping[str, Any]) -> None:
         from tensorboardX.summary import text
@@ -207,7 +232,8 @@ def _resolve(spec: Any) -> tuple[list[tuple[Any, dict[str, Any]]], list[str]]:
             available = available or installed(WRITER_GROUP)
             if name not in available:
                 known = set(BUILTIN_WRITERS) | set(available)
-                errors.append(f"{where}.{name}: unknown writer{did_you_mean(name, known)}")
+                hint = f" (pip install hookrun-{name})" if name in TRACKER_WRITERS else ""
+                errors.append(f"{where}.{name}: unknown writer{did_you_mean(name, known)}{hint}")
                 continue
             clashing = clashes(WRITER_GROUP).get(name)
             if clashing:
@@ -257,22 +283,102 @@ def option_errors(where: str, cls: type, options: Mapping[str, Any]) -> list[str
     """Options the writer's constructor does not take, found before the run starts; ``where``
     is the dotted path of the writer's options in the config."""
     parameters = list(inspect.signature(cls).parameters.values())[1:]  # after work_dir
+    values = cls.check_options(options) if issubclass(cls, Writer) else []
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return []
+        return [f"{where}.{line}" for line in values]
     accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    return [
+    unknown = [
         f"{where}.{option}: unknown option{did_you_mean(option, accepted)} "
         f"(options: {', '.join(accepted) or 'none'})"
         for option in options
         if option not in accepted
     ]
+    return unknown or [f"{where}.{line}" for line in values]
 
 
-def open_writers(resolved: list[tuple[Any, dict[str, Any]]], work_dir: Path) -> list[Writer]:
-    """Instantiate resolved writers in ``work_dir`` (ready instances are used as they are)."""
-    return [
+def open_writers(
+    resolved: list[tuple[Any, dict[str, Any]]],
+    work_dir: Path,
+    states: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Writer]:
+    """Instantiate resolved writers in ``work_dir`` (ready instances are used as they are),
+    giving each the state its name holds in ``states`` (what the same Runner's previous
+    pass left, so a test pass continues the training's tracker run)."""
+    writers = [
         cls if isinstance(cls, Writer) else cls(work_dir, **options) for cls, options in resolved
     ]
+    restore_writer_states(writers, states or {})
+    return writers
+
+
+def writer_states(writers: list[Writer]) -> dict[str, dict[str, Any]]:
+    """The states worth keeping (named writers with a non-empty ``state_dict``)."""
+    states = {w.name: w.state_dict() for w in writers if w.name}
+    return {name: state for name, state in states.items() if state}
+
+
+def restore_writer_states(writers: list[Writer], states: Mapping[str, Any]) -> None:
+    """Give each named writer its entry of ``states`` (a checkpoint's ``"writers"``)."""
+    for writer in writers:
+        state = states.get(writer.name) if writer.name else None
+        if isinstance(state, Mapping):
+            writer.load_state_dict(state)
+
+
+def close_writers(writers: list[Writer], status: str) -> dict[str, dict[str, Any]]:
+    """Finish every writer with the run's ``status``; returns their states, taken after
+    (what finishing uploaded included), for a later pass of the same Runner. Every writer
+    is finished even when one of them raises."""
+    errors = []
+    for writer in writers:
+        try:
+            writer.finish(status)
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+    return writer_states(writers)
+
+
+def run_status(exc: BaseException | None, stopped_by_signal: bool) -> str:
+    """``killed`` for a stop signal (or Ctrl-C reaching the top), ``failed`` for an
+    exception, else ``finished``."""
+    if isinstance(exc, KeyboardInterrupt) or (exc is None and stopped_by_signal):
+        return "killed"
+    return "finished" if exc is None else "failed"
+
+
+def image_uint8(image: Any) -> torch.Tensor:
+    """A writer's image as uint8 on the CPU, its shape kept: floats are taken as [0, 1],
+    clamped (tensorboardX wraps values above 1, see FACTS) and rounded."""
+    tensor = torch.as_tensor(image).detach().cpu()
+    if tensor.dtype != torch.uint8:
+        tensor = (tensor.float().clamp(0, 1) * 255).round().to(torch.uint8)
+    return tensor
+
+
+CHECKPOINT_CHOICES = ("best", "last", "none")
+
+
+def checkpoint_files(folder: Path, which: str, done: Collection[str] = ()) -> list[Path]:
+    """The checkpoint files a tracker uploads (``log_checkpoints``): ``best`` every
+    ``best_*.pt`` of ``folder``, ``last`` the file its ``latest`` pointer names (a plain
+    name of the folder only), ``none`` nothing; less those whose
+    :func:`checkpoint_signature` is in ``done`` (uploaded by an earlier pass)."""
+    from hookrun.checkpoint import pointed
+
+    if which == "best":
+        files = sorted(p for p in folder.glob("best_*.pt") if p.is_file())
+    else:
+        name = pointed(folder) if which == "last" else None
+        files = [folder / name] if name and (folder / name).is_file() else []
+    return [path for path in files if checkpoint_signature(path) not in done]
+
+
+def checkpoint_signature(path: Path) -> str:
+    """``name size mtime_ns``: tells a file a tracker already uploaded from a rewritten one."""
+    stat = path.stat()
+    return f"{path.name} {stat.st_size} {stat.st_mtime_ns}"
 
 
 def _json_number(value: float) -> float | str:
