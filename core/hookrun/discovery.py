@@ -56,7 +56,8 @@ def scan(group: str) -> tuple[dict[str, EntryPointInfo], dict[str, list[EntryPoi
 
 def clash_message(kind: str, name: str, infos: list[EntryPointInfo]) -> str:
     """``plugin name 'logger' is registered by 2 distributions: a 1.0 (m:X), b 2.0 (n:Y)``."""
-    listed = ", ".join(f"{i.distribution} {i.version} ({i.value})" for i in infos)
+    ordered = sorted(infos, key=lambda i: i.distribution)  # sys.path order is no order
+    listed = ", ".join(f"{i.distribution} {i.version} ({i.value})" for i in ordered)
     return (
         f"{kind} name {name!r} is registered by {len(infos)} distributions: {listed}; "
         "uninstall all but one"
