@@ -6,11 +6,7 @@ case once (in a rotating order); ratios are medians over rounds of the ratio wit
 Budget (DESIGN §10): default plugins <= 1.03x the hand loop that calls .item() every 50
 iterations.
 
-    python benchmarks/overhead.py [--iters 2000] [--repeats 15] [--clock wall|cpu]
-
-``--clock cpu`` times the main thread's CPU time (``time.thread_time``) instead of wall time:
-every case runs in the main thread (one intra-op thread, no loader workers), so other
-processes on a shared machine barely move it.
+    python benchmarks/overhead.py [--iters 2000] [--repeats 15]
 """
 
 from __future__ import annotations
@@ -33,8 +29,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from hookrun import Runner, hookimpl
 
 BATCH, FEATURES, HIDDEN, CLASSES = 32, 64, 128, 10
-CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
-clock = CLOCKS["wall"]  # what the cases are timed with (--clock)
 
 
 def make_data(iters: int) -> DataLoader:
@@ -96,7 +90,7 @@ def hand_loop_logging(iters: int, one_event: bool = False) -> float:
     with tempfile.TemporaryDirectory() as work_dir:
         writer = (OneEventWriter if one_event else AddScalarWriter)(work_dir)
         log = open(os.path.join(work_dir, "log.jsonl"), "a", buffering=1)  # noqa: SIM115
-        start, last = clock(), time.perf_counter()
+        start = last = time.perf_counter()
         data_time, fetched = 0.0, time.perf_counter()
         for i, (x, y) in enumerate(loader):
             data_time += time.perf_counter() - fetched
@@ -121,7 +115,7 @@ def hand_loop_logging(iters: int, one_event: bool = False) -> float:
                 print(f"iter {i + 1}/{iters} loss {values['train/loss']:.4f}")
                 last, data_time = now, 0.0
             fetched = time.perf_counter()
-        elapsed = clock() - start
+        elapsed = time.perf_counter() - start
         writer.close()
         log.close()
     return elapsed / iters
@@ -133,7 +127,7 @@ def hand_loop(iters: int) -> float:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     criterion = nn.CrossEntropyLoss()
     logged = []
-    start = clock()
+    start = time.perf_counter()
     for i, (x, y) in enumerate(loader):
         loss = criterion(model(x), y)
         optimizer.zero_grad(set_to_none=True)
@@ -141,7 +135,7 @@ def hand_loop(iters: int) -> float:
         optimizer.step()
         if (i + 1) % 50 == 0:
             logged.append(loss.item())
-    return (clock() - start) / iters
+    return (time.perf_counter() - start) / iters
 
 
 def runner_loop(iters: int, default_plugins: bool) -> float:
@@ -176,11 +170,11 @@ class Timing:
 
     @hookimpl
     def before_train_epoch(self):
-        self.start = clock()
+        self.start = time.perf_counter()
 
     @hookimpl
     def after_train_epoch(self):
-        self.elapsed = clock() - self.start
+        self.elapsed = time.perf_counter() - self.start
 
 
 Rounds = dict[str, list[float]]
@@ -234,10 +228,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--clock", choices=CLOCKS, default="wall")
     args, _ = parser.parse_known_args()
-    global clock
-    clock = CLOCKS[args.clock]
     torch.set_num_threads(1)
     os.environ["HOOKRUN_DISABLE_PLUGINS"] = "ema,precise_bn"
     cases = {
@@ -249,7 +240,6 @@ def main() -> None:
     }
     report(
         f"torch {torch.__version__}, {args.iters} iterations x {args.repeats} rounds, "
-        f"{args.clock} clock, "
         f"1 thread, MLP {FEATURES}-{HIDDEN}-{CLASSES}, batch {BATCH}",
         measure(cases, args.repeats),
     )
