@@ -668,6 +668,50 @@ def once_per_session(
     return folder
 
 
+def free_port() -> int:
+    """A TCP port free on this host now (for ``MASTER_PORT``)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_ranks(
+    script: str | Path,
+    *args: str | Path,
+    world_size: int = 2,
+    timeout: float = 120,
+    path: Iterable[str | Path] = (),
+) -> list[str]:
+    """Run ``python SCRIPT ARGS`` as the ``world_size`` ranks of one torch.distributed job set
+    up by the environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, a free ``MASTER_PORT``),
+    without torchrun; only named plugins load, one intra-op thread each, ``path`` folders
+    put first on ``PYTHONPATH``. Asserts every rank exits 0; returns each rank's output."""
+    env = isolated_env()
+    env.update(OMP_NUM_THREADS="1", WORLD_SIZE=str(world_size))
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, path), *filter(None, [env.get("PYTHONPATH")])])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), *map(str, args)],
+            env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world_size)
+    ]
+    try:
+        outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    statuses = [proc.returncode for proc in procs]
+    assert statuses == [0] * world_size, f"exit statuses {statuses}\n" + "\n".join(outputs)
+    return outputs
+
+
 def run_resume_job(
     work_dir: str | Path, expect: int = 0, timeout: float = 240, **options: Any
 ) -> subprocess.CompletedProcess[str]:

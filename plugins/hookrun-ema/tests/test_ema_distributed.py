@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +11,7 @@ from ema_testing import accuracy, bn_mlp, loader
 from torch import nn
 
 from hookrun import Runner
+from hookrun.testing import run_ranks
 
 SCRIPT = """
 import json, os, sys
@@ -42,34 +39,13 @@ torch.save({"ema": state["model"], "val": runner.last_metrics.get("val")},
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(("buffers", "validate"), [("copy", True), ("average", False)])
 def test_two_gloo_ranks_keep_the_same_average(tmp_path, buffers: str, validate: bool) -> None:
     """Every rank's BatchNorm statistics come from its own batches: the ranks' averages of
     them agree also without a validation (which evaluates rank 0's)."""
     (tmp_path / "job.py").write_text(SCRIPT)
-    env = dict(os.environ, HOOKRUN_PLUGINS_AUTOLOAD="0", OMP_NUM_THREADS="1", WORLD_SIZE="2")
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    here = str(Path(__file__).parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(tmp_path / "job.py"),
-                str(tmp_path),
-                json.dumps([buffers, validate]),
-            ],
-            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-        )
-        for r in range(2)
-    ]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    mode = json.dumps([buffers, validate])
+    run_ranks(tmp_path / "job.py", tmp_path, mode, path=[Path(__file__).parent])
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     assert ranks[0]["val"] == ranks[1]["val"]
     for key, value in ranks[0]["ema"].items():

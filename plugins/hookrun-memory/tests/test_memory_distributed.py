@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
+
+from hookrun.testing import run_ranks
 
 SCRIPT = """
 import json, os, sys
@@ -36,24 +34,9 @@ Runner(**kwargs).train()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_rank_0_reports_the_maximum_over_ranks(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(SCRIPT)
-    env = dict(os.environ, HOOKRUN_PLUGINS_AUTOLOAD="0", OMP_NUM_THREADS="1", WORLD_SIZE="2")
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(tmp_path / "job.py"), str(tmp_path)],
-            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-        )
-        for r in range(2)
-    ]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    run_ranks(tmp_path / "job.py", tmp_path)
     own = [json.loads((tmp_path / f"rank{r}.json").read_text())["rss"] for r in range(2)]
     lines = (tmp_path / "run" / "log.jsonl").read_text().splitlines()
     reported = {r["step"]: r["train/memory/rss"] for r in map(json.loads, lines) if "step" in r}

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
+
+from hookrun.testing import run_ranks
 
 SCRIPT = """
 import math, sys
@@ -32,24 +30,9 @@ torch.save({"weights": runner.unwrapped_model.state_dict(),
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_every_rank_skips_the_step_one_rank_poisoned(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(SCRIPT)
-    env = dict(os.environ, HOOKRUN_PLUGINS_AUTOLOAD="0", OMP_NUM_THREADS="1", WORLD_SIZE="2")
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(tmp_path / "job.py"), str(tmp_path)],
-            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-        )
-        for r in range(2)
-    ]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    run_ranks(tmp_path / "job.py", tmp_path)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     assert ranks[0]["guard"] == ranks[1]["guard"]
     assert ranks[0]["guard"]["skipped"] == 1

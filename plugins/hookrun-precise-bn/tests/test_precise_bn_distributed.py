@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import textwrap
+from pathlib import Path
 
 import torch
 from hookrun_precise_bn import bn_layers, model_forward, recompute_bn_stats
 from torch import nn
+
+from hookrun.testing import run_ranks
 
 SCRIPT = textwrap.dedent(
     """
@@ -63,33 +62,9 @@ def rank_batches(rank: int) -> list:
     return [(b, None) for b in torch.split(x, sizes)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_gloo_ranks_equal_one_process_over_the_union(tmp_path) -> None:
     (tmp_path / "job.py").write_text(SCRIPT)
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(tmp_path / "job.py"), str(tmp_path)],
-            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    try:
-        logs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    run_ranks(tmp_path / "job.py", tmp_path, path=[Path(__file__).parent])
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
     deep = deep_net()  # one process over both ranks' batches
