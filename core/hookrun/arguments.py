@@ -23,8 +23,7 @@ from pydantic import (
     field_validator,
 )
 
-from hookrun.discovery import did_you_mean
-from hookrun.errors import ConfigError
+from hookrun.errors import ConfigError, error_line
 
 if TYPE_CHECKING:
     import torch
@@ -281,17 +280,10 @@ def error_lines(errors: Sequence[Any], prefix: str = "runner") -> list[str]:
         nested = _NESTED.get(loc[0]) if loc else None
         if err["type"] == "extra_forbidden" and nested is not None and len(loc) > 1:
             keys = list(nested.model_fields)
-            hint = did_you_mean(loc[-1], keys)
-            lines.append(f"{path}: unknown key{hint} (keys: {', '.join(keys)})")
-        elif err["type"] == "extra_forbidden":
-            lines.append(
-                f"{path}: unknown setting{did_you_mean(loc[-1], RunnerArguments.model_fields)}"
-            )
-        elif err["type"] == "missing":
-            lines.append(f"{path}: required setting is missing")
+            line = error_line(path, err, keys, what="key") + f" (keys: {', '.join(keys)})"
         else:
-            message = str(err["msg"]).removeprefix("Value error, ")
-            lines.append(f"{path}: {message} (got {err['input']!r})")
+            line = error_line(path, err, RunnerArguments.model_fields)
+        lines.append(line)
     return lines
 
 

@@ -45,22 +45,24 @@ class CheckpointError(Exception):
 def validation_lines(exc: Any, prefix: str, fields: Iterable[str] = ()) -> list[str]:
     """One line per pydantic error: ``prefix.path: message (got value)``, with did-you-mean
     for unknown keys when the valid ``fields`` are given."""
-    from hookrun.discovery import did_you_mean
-
     fields = list(fields)
     lines = []
     for err in exc.errors():
-        path = (
-            ".".join([prefix, *(str(p) for p in err["loc"])])
-            if prefix
-            else ".".join(str(p) for p in err["loc"])
-        )
-        if err["type"] == "extra_forbidden":
-            key = str(err["loc"][-1]) if err["loc"] else ""
-            lines.append(f"{path}: unknown setting{did_you_mean(key, fields)}")
-        elif err["type"] == "missing":
-            lines.append(f"{path}: required setting is missing")
-        else:
-            message = str(err["msg"]).removeprefix("Value error, ")
-            lines.append(f"{path}: {message} (got {err['input']!r})")
+        path = ".".join([prefix, *(str(p) for p in err["loc"])] if prefix else map(str, err["loc"]))
+        lines.append(error_line(path, err, fields))
     return lines
+
+
+def error_line(path: str, err: Any, fields: Iterable[str] = (), what: str = "setting") -> str:
+    """One pydantic error at ``path`` as a line: an unknown ``what`` with did-you-mean among
+    ``fields``, a missing setting, or the message (without pydantic's "Value error, ") and
+    the value given."""
+    from hookrun.discovery import did_you_mean
+
+    if err["type"] == "extra_forbidden":
+        key = str(err["loc"][-1]) if err["loc"] else ""
+        return f"{path}: unknown {what}{did_you_mean(key, list(fields))}"
+    if err["type"] == "missing":
+        return f"{path}: required setting is missing"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return f"{path}: {message} (got {err['input']!r})"
