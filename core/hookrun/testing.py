@@ -105,6 +105,32 @@ def network_guard_env(env: Mapping[str, str], folder: Path) -> tuple[dict[str, s
     return guarded, log
 
 
+def train_without_network(
+    config: str | Path, cwd: str | Path, env: Mapping[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """``hookrun train CONFIG`` in a subprocess (in ``cwd``, with ``env``) whose internet
+    connections fail (:func:`network_guard_env`); asserts it exits 0 and tried none."""
+    guarded, connections = network_guard_env(env, Path(cwd) / "guard")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hookrun", "train", str(config)],
+        cwd=cwd,
+        env=guarded,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not connections.exists(), connections.read_text()  # nothing dialled out
+    return proc
+
+
+def jsonl_series(path: str | Path, key: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of ``key`` in a JSONL log (the ``jsonl`` writer's): a reference to
+    compare another writer's store with."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    return [(row["step"], row[key]) for row in rows if key in row]
+
+
 @pytest.fixture
 def hookrun_one_thread() -> Iterator[None]:
     """One intra-op thread for the test: tiny models run faster and steadier on shared CPUs."""

@@ -8,10 +8,8 @@ the in-process ones refused, and DVC's analytics and Studio are switched off.
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,14 @@ from typing import Any
 import pytest
 
 from hookrun import Runner
-from hookrun.testing import RaiseAt, SaveEvery, isolated_env, network_guard_env, toy_runner_kwargs
+from hookrun.testing import (
+    RaiseAt,
+    SaveEvery,
+    isolated_env,
+    jsonl_series,
+    toy_runner_kwargs,
+    train_without_network,
+)
 from hookrun.writers import writer_errors
 
 dvclive_utils = pytest.importorskip("dvclive.utils")
@@ -55,12 +60,6 @@ def series(folder: Path, name: str) -> list[tuple[int, float]]:
     return [(int(row["step"]), float(row[column])) for row in rows]
 
 
-def jsonl_series(path: Path, key: str) -> list[tuple[int, float]]:
-    """The same series from the jsonl writer's log: the reference."""
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return [(r["step"], r[key]) for r in rows if key in r]
-
-
 def test_cli_train_writes_metrics_plots_params_and_status(tmp_path: Path) -> None:
     config = tmp_path / "job.yaml"
     config.write_text(
@@ -76,17 +75,7 @@ def test_cli_train_writes_metrics_plots_params_and_status(tmp_path: Path) -> Non
         )
     )
     env = {k: v for k, v in isolated_env().items() if not k.startswith("DVC_STUDIO")}
-    env, connections = network_guard_env({**env, **OFFLINE}, tmp_path / "guard")
-    proc = subprocess.run(
-        [sys.executable, "-m", "hookrun", "train", str(config)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert not connections.exists(), connections.read_text()  # nothing dialled out
+    train_without_network(config, tmp_path, {**env, **OFFLINE})
     work_dir = tmp_path / "runs" / "toy-dvclive"
     folder = work_dir / "dvclive"
     log = work_dir / "log.jsonl"

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,14 @@ from typing import Any
 import pytest
 
 from hookrun import Runner
-from hookrun.testing import RaiseAt, SaveEvery, isolated_env, network_guard_env, toy_runner_kwargs
+from hookrun.testing import (
+    RaiseAt,
+    SaveEvery,
+    isolated_env,
+    jsonl_series,
+    toy_runner_kwargs,
+    train_without_network,
+)
 from hookrun.writers import writer_errors
 
 operation = pytest.importorskip("neptune.internal.operation")
@@ -71,12 +76,6 @@ def read_runs(cwd: Path) -> list[dict[str, Any]]:
     return runs
 
 
-def jsonl_series(path: Path, key: str) -> list[tuple[int, float]]:
-    """The same series from the jsonl writer's log: the reference."""
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return [(r["step"], r[key]) for r in rows if key in r]
-
-
 def test_cli_train_stores_series_parameters_and_status(tmp_path: Path) -> None:
     config = tmp_path / "job.yaml"
     config.write_text(
@@ -94,17 +93,7 @@ def test_cli_train_stores_series_parameters_and_status(tmp_path: Path) -> None:
         )
     )
     env = {k: v for k, v in isolated_env().items() if not k.startswith("NEPTUNE_")}
-    env, connections = network_guard_env({**env, **OFFLINE}, tmp_path / "guard")
-    proc = subprocess.run(
-        [sys.executable, "-m", "hookrun", "train", str(config)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert not connections.exists(), connections.read_text()  # nothing dialled out
+    train_without_network(config, tmp_path, {**env, **OFFLINE})
     train, test = read_runs(tmp_path)  # the test pass: a second offline part of the run
     log = tmp_path / "runs" / "toy-neptune" / "log.jsonl"
     # the test pass carried the training's custom_run_id (the same run, online)

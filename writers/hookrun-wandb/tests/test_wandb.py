@@ -13,8 +13,6 @@ import importlib.util
 import json
 import socket
 import struct
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,14 @@ from typing import Any
 import pytest
 
 from hookrun import Runner
-from hookrun.testing import RaiseAt, SaveEvery, isolated_env, network_guard_env, toy_runner_kwargs
+from hookrun.testing import (
+    RaiseAt,
+    SaveEvery,
+    isolated_env,
+    jsonl_series,
+    toy_runner_kwargs,
+    train_without_network,
+)
 from hookrun.writers import writer_errors
 
 wandb_pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
@@ -107,12 +112,6 @@ def points(found: dict[str, Any], key: str) -> list[tuple[int, float]]:
     return [(row["_step"], row[key]) for row in found["history"] if key in row]
 
 
-def jsonl_series(path: Path, key: str) -> list[tuple[int, float]]:
-    """The same series from the jsonl writer's log: the reference."""
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return [(r["step"], r[key]) for r in rows if key in r]
-
-
 def test_cli_train_writes_history_config_status_and_checkpoint(tmp_path: Path) -> None:
     config = tmp_path / "job.yaml"
     config.write_text(
@@ -131,17 +130,7 @@ def test_cli_train_writes_history_config_status_and_checkpoint(tmp_path: Path) -
         + ("plugins: {checkpoint: {interval: 1}}\n" if CHECKPOINTS else "plugins: {}\n")
     )
     env = {k: v for k, v in isolated_env().items() if not k.startswith("WANDB_")}
-    env, connections = network_guard_env({**env, **OFFLINE}, tmp_path / "guard")
-    proc = subprocess.run(
-        [sys.executable, "-m", "hookrun", "train", str(config)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert not connections.exists(), connections.read_text()  # nothing dialled out
+    train_without_network(config, tmp_path, {**env, **OFFLINE})
     work_dir = tmp_path / "runs" / "toy-wandb"
     found = read_runs(work_dir)
     log = work_dir / "log.jsonl"
