@@ -30,7 +30,8 @@ TEST_DEPS = [
 ]
 # the trackers' own libraries, to read their stores back in the writers' tests
 TRACKER_DEPS = ["mlflow-skinny", "dvclive", "wandb", "neptune"]
-DOCS_DEPS = ["mkdocs-material", "jsonschema"]
+# mkdocstrings renders docs/api/ from the docstrings; griffe (its parser) also backs the docs test
+DOCS_DEPS = ["mkdocs-material", "jsonschema", "mkdocstrings[python]>=0.26"]
 LIST_WRITERS = (
     "import importlib.metadata as m, json; "
     "print(json.dumps(sorted(e.name for e in m.entry_points(group='hookrun.writers'))))"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import hookrun
 from hookrun import hookspecs
 from hookrun.config import Config, RunnerConfig
 from hookrun.discovery import installed_plugins
@@ -23,6 +24,62 @@ DOCS = ROOT / "docs"
 BUILT_IN = sorted(
     p.name.removeprefix("hookrun-").replace("-", "_") for p in (ROOT / "plugins").glob("hookrun-*")
 )
+
+
+def load_api():
+    """hookrun as the API reference reads it: griffe, statically, from the source."""
+    import griffe
+
+    return griffe.load("hookrun", search_paths=[str(ROOT / "core")], allow_inspection=False)
+
+
+def target(obj):
+    return obj.final_target if obj.is_alias else obj
+
+
+def undocumented_members(cls, *also_documented):
+    """Public members declared in ``cls`` without a docstring; a member named in the class
+    docstring's Attributes section, or documented by a class in ``also_documented`` (the
+    Protocol ``Runner`` implements), counts as documented."""
+    listed = set()
+    for section in cls.docstring.parse("google") if cls.docstring else ():
+        if section.kind.value == "attributes":
+            listed |= {attribute.name for attribute in section.value}
+    missing = []
+    for name, member in cls.members.items():
+        if name.startswith("_") or member.is_alias or member.docstring or name in listed:
+            continue
+        if any(name in o.members and o.members[name].docstring for o in also_documented):
+            continue
+        missing.append(f"{cls.name}.{name}")
+    return missing
+
+
+def test_every_public_name_has_a_docstring():
+    api = load_api()
+    protocol = target(api["RunnerProtocol"])
+    missing = []
+    for name in hookrun.__all__:
+        if name == "__version__":
+            continue
+        obj = target(api[name])
+        if not obj.docstring:
+            missing.append(name)
+        if obj.is_class:
+            missing += undocumented_members(obj, protocol)
+    testing = api["testing"]
+    for name, member in testing.members.items():
+        public = not name.startswith("_") and not member.is_alias
+        if public and member.kind.value in ("function", "class") and not member.docstring:
+            missing.append(f"testing.{name}")
+    assert not missing, f"public names without a docstring: {missing}"
+
+
+def test_api_reference_covers_every_exported_name():
+    pages = "\n".join(p.read_text() for p in (DOCS / "api").glob("*.md"))
+    shown = set(re.findall(r"^::: hookrun\.(\w+)", pages, flags=re.M))
+    assert "testing" in shown
+    assert not set(hookrun.__all__) - shown - {"__version__"}
 
 
 def docs_hooks():
@@ -89,5 +146,10 @@ def test_site_builds_strict(tmp_path):
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    protocol = (tmp_path / "api" / "protocol" / "index.html").read_text()
+    for name in target(load_api()["RunnerProtocol"]).members:
+        if not name.startswith("_"):
+            assert f'id="hookrun.RunnerProtocol.{name}"' in protocol, name
+    assert "The optimizer (" in protocol  # runner.optimizer with its docstring
     ema = (tmp_path / "plugins" / "ema" / "index.html").read_text()
     assert "<table>" in ema and "decay" in ema

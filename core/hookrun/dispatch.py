@@ -233,8 +233,11 @@ class HookStats:
 
     def __init__(self) -> None:
         self.total = 0.0
+        """Seconds spent in hook calls during the run."""
         self.profile = False
+        """Whether ``per_hook`` is filled (the timer's hook table turns it on)."""
         self.per_hook: dict[tuple[str, str], list[float]] = {}
+        """(plugin, hook point) to [calls, seconds], while ``profile`` is true."""
 
     def record(self, owner: str, hook: str, seconds: float, calls: int = 1) -> None:
         """Add one call's time; a wrapper's part after its ``yield`` adds time, not a call."""

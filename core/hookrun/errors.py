@@ -13,6 +13,7 @@ class HookrunError(Exception):
 
     def __init__(self, lines: str | list[str]) -> None:
         self.lines = [lines] if isinstance(lines, str) else list(lines)
+        """The message, one problem a line (the CLI prints each)."""
         super().__init__("\n".join(self.lines))
 
 
@@ -33,7 +34,9 @@ class CheckpointMismatchError(HookrunError):
     def __init__(self, lines: str | list[str], path: object = None, reason: str = "") -> None:
         super().__init__(lines)
         self.path = path
+        """The checkpoint file named."""
         self.reason = reason or "\n".join(self.lines)
+        """What is wrong with it, without the file's name."""
 
 
 class CheckpointError(Exception):

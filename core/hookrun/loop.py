@@ -17,8 +17,11 @@ class Phase(str, Enum):
     (``TRAINED``), or its validation (``VALIDATED``; mid-epoch in iteration-based runs)."""
 
     TRAIN = "train"
+    """Training the epoch's batches."""
     TRAINED = "trained"
+    """The epoch's batches are done, its validation is not."""
     VALIDATED = "validated"
+    """Validation is done (mid-epoch in iteration-based runs)."""
 
 
 @dataclass
@@ -33,12 +36,19 @@ class LoopPosition:
     so no checkpoint may be taken. None of the three is saved."""
 
     epoch: int = 0
+    """The epoch (0-based)."""
     batch: int = 0
+    """Batches done in it."""
     iter: int = 0
+    """Iterations done in the run."""
     phase: Phase = Phase.TRAIN
+    """What is done of the epoch."""
     iter_ending: bool = False
+    """True from an optimizer step's end through its ``after_train_iter`` hooks."""
     epoch_ending: bool = False
+    """True through ``after_train_epoch``."""
     stepping: bool = False
+    """True from the optimizer step until the position counts it: no checkpoint then."""
 
     def state_dict(self) -> dict[str, Any]:
         """Plain types only (``weights_only`` loading), the ``hookrun/1`` layout."""
@@ -51,6 +61,7 @@ class LoopPosition:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> LoopPosition:
+        """The position a checkpoint's ``"loop"`` entry (:meth:`state_dict`) describes."""
         return cls(
             epoch=int(state["epoch"]),
             batch=int(state["batch"]),
@@ -63,6 +74,7 @@ class LoopPosition:
         return self.phase is Phase.TRAINED or (by_epoch and self.phase is Phase.VALIDATED)
 
     def next_epoch(self) -> None:
+        """Move to the next epoch's first batch."""
         self.epoch += 1
         self.batch = 0
         self.phase = Phase.TRAIN

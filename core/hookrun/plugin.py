@@ -13,26 +13,38 @@ if TYPE_CHECKING:
     from hookrun.surface import RunnerProtocol
 
 hookimpl = pluggy.HookimplMarker("hookrun")
+"""Marks a method as a hook implementation: ``@hookimpl`` (or ``@hookimpl(wrapper=True)``
+for a wrapper around the other implementations); the method's name is the hook point."""
 
 
 class Priority(IntEnum):
     """Where a plugin runs at every hook point: lower runs first; any int 0-100 works too."""
 
     HIGHEST = 0
+    """0: before every other plugin."""
     VERY_HIGH = 10
+    """10."""
     HIGH = 30
+    """30 (timer, nan_guard: they must see a step before others change it)."""
     ABOVE_NORMAL = 40
+    """40 (precise_bn)."""
     NORMAL = 50
+    """50: the default (ema)."""
     BELOW_NORMAL = 60
+    """60 (logger)."""
     LOW = 70
+    """70 (early_stopping: decides before the checkpoint saves)."""
     VERY_LOW = 90
+    """90 (checkpoint: saves after every other plugin updated its state)."""
     LOWEST = 100
+    """100: after every other plugin (profiler)."""
 
 
 class PluginSettings(BaseModel):
     """Base of every plugin's settings: unknown keys are errors and settings never change."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    """pydantic: an unknown key is an error (did-you-mean), and settings are read-only."""
 
 
 SettingsT = TypeVar("SettingsT", bound=PluginSettings)
@@ -47,14 +59,19 @@ class Plugin(Generic[SettingsT]):
     """
 
     name: ClassVar[str] = ""
+    """The entry-point name: the config key under ``plugins:`` and in checkpoints."""
     Settings: ClassVar[type[PluginSettings]] = PluginSettings
+    """The pydantic model the plugin's config section is validated against."""
     priority: int = Priority.NORMAL
+    """Where it runs at every hook point (lower first); a config's ``priority:`` overrides it."""
     enabled_by_default: ClassVar[bool] = True
+    """Whether it runs whenever installed (unless the config disables it)."""
 
     def __init__(self, settings: SettingsT | None = None) -> None:
         self.settings: SettingsT = (
             settings if settings is not None else cast(SettingsT, self.Settings())
         )
+        """The validated settings (the defaults when none were given)."""
 
     def unused_hooks(self, runner: RunnerProtocol) -> Collection[str]:
         """Hook points that, with these settings and this runner, have nothing to do: the

@@ -42,7 +42,26 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Runner:
-    """Trains ``model`` with the given data and optimizer, calling every hook point in order."""
+    """Trains ``model`` with the given data and optimizer, calling every hook point in order.
+
+    The arguments are the config file's ``runner:`` keys (docs/config.md) plus what a task
+    builds. Everything a plugin may read is :class:`hookrun.RunnerProtocol`, which documents
+    the counters, models, scalars and folders this class also has; the rest is here.
+
+    Attributes:
+        criterion: The loss function given (``None`` when the model returns its loss).
+        metrics: Name to ``metric(outputs, targets)``, computed on every evaluation batch.
+        scheduler_interval: ``"epoch"`` or ``"iter"``: when the scheduler steps.
+        clip_grad: Keyword arguments of ``clip_grad_norm_`` (``None``: no clipping).
+        stop_signals: The signals that stop training at the next iteration boundary.
+        dist_timeout: Seconds a collective call may wait under torch.distributed.
+        plugins: The active plugins by name (after selection and ``unused_hooks``).
+        hooks: Every hook point's caller: ``runner.hooks.after_train_iter(runner=...)``.
+        manager: The plugin manager that found, validated and ordered the plugins.
+        last_metrics: The latest metrics of each mode (``"val"``, ``"test"``).
+        optimizer_step: The step the training loop calls (AMP, accumulation, clipping).
+        reporter: Reads ``scalars`` every ``log_interval`` iterations and writes them out.
+    """
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ class ScalarStore:
 
     def __init__(self, window: int = 100) -> None:
         self.window = window
+        """How many values of each name the store keeps (for ``mean`` and ``history``)."""
         self._latest: dict[str, Any] = {}
         self._history: dict[str, deque[Any]] = {}
         self._fresh: dict[str, int] = {}  # series values put since the last report
@@ -37,6 +38,7 @@ class ScalarStore:
         self._fresh[name] += 1
 
     def update(self, values: Mapping[str, Any], prefix: str = "") -> None:
+        """``put`` every value of ``values``, its name prefixed with ``prefix``."""
         for name, value in values.items():
             self.put(prefix + name, value)
 
@@ -75,6 +77,7 @@ class ScalarStore:
         }
 
     def names(self) -> list[str]:
+        """Every name put or gauged so far."""
         return list(self._latest)
 
     def latest(self, names: Iterable[str] | None = None) -> dict[str, float]:
@@ -101,9 +104,11 @@ class ScalarStore:
         return out
 
     def history(self, name: str) -> list[Any]:
+        """The kept values of ``name``, oldest first, as put (tensors stay on the device)."""
         return list(self._history.get(name, ()))
 
     def clear(self) -> None:
+        """Forget every name and value."""
         self._latest.clear()
         self._history.clear()
         self._fresh.clear()

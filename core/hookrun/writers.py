@@ -33,11 +33,12 @@ TRACKER_WRITERS = ("mlflow", "wandb", "dvclive", "neptune")
 class Writer:
     """Base class of writers; constructed as ``Writer(work_dir, **options)`` on rank 0."""
 
-    #: The writer's entry-point name: its state is saved under ``checkpoint["writers"][name]``.
     name: str = ""
+    """The writer's entry-point name: its state is saved under ``checkpoint["writers"][name]``."""
 
     def __init__(self, work_dir: str | Path, **options: Any) -> None:
         self.work_dir = Path(work_dir)
+        """The run's folder: a writer keeps its files under it."""
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> list[str]:
@@ -46,9 +47,11 @@ class Writer:
         return []
 
     def write_scalar(self, name: str, value: float, step: int) -> None:
+        """One value; the same as ``write_scalars({name: value}, step)``."""
         self.write_scalars({name: value}, step)
 
     def write_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        """Write host floats at ``step``: the one method every writer must implement."""
         raise NotImplementedError
 
     def write_image(self, name: str, image: Any, step: int) -> None:
@@ -64,6 +67,7 @@ class Writer:
         """Default: nothing buffered."""
 
     def close(self) -> None:
+        """Release files and connections; the default flushes."""
         self.flush()
 
     def finish(self, status: str) -> None:
@@ -358,6 +362,7 @@ def image_uint8(image: Any) -> torch.Tensor:
 
 
 CHECKPOINT_CHOICES = ("best", "last", "none")
+"""What a tracker writer may upload at a run's end (its ``checkpoint`` option)."""
 
 
 def checkpoint_files(folder: Path, which: str, done: Collection[str] = ()) -> list[Path]:
