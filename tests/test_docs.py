@@ -153,3 +153,55 @@ def test_site_builds_strict(tmp_path):
     assert "The optimizer (" in protocol  # runner.optimizer with its docstring
     ema = (tmp_path / "plugins" / "ema" / "index.html").read_text()
     assert "<table>" in ema and "decay" in ema
+
+
+# -- runnable blocks ---------------------------------------------------------------------
+# A fenced block right after `<!-- run -->` is executed by the test below, the blocks of a
+# page in order in one temporary folder (with `examples/` linked into it): `python` blocks
+# in one namespace per page, in this process; `bash` blocks by bash (`set -eu`), where
+# `<!-- run: exit=2 -->` expects that exit code. `<!-- file: NAME -->` writes the block to
+# NAME in that folder first (a config a later command reads).
+BLOCK = re.compile(r"<!--\s*(run|file)(?::\s*([^>]*?))?\s*-->\s*\n```(\w*)[^\n]*\n(.*?)\n```", re.S)
+RUNNABLE_PAGES = sorted(
+    str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if BLOCK.search(p.read_text())
+)
+
+
+def marked_blocks(text: str) -> list[tuple[str, str, str, str]]:
+    """(kind, options, language, code) of every marked block of a page, in order."""
+    return [m.groups(default="") for m in BLOCK.finditer(text)]
+
+
+@pytest.mark.parametrize("page", RUNNABLE_PAGES)
+def test_runnable_blocks(page, tmp_path, monkeypatch):
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    monkeypatch.chdir(tmp_path)
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
+    namespace: dict = {"__name__": "__docs__"}
+    for number, (kind, options, language, code) in enumerate(
+        marked_blocks((DOCS / page).read_text()), 1
+    ):
+        where = f"{page}, block {number}"
+        if kind == "file":
+            target = tmp_path / options
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(code + "\n")
+        elif language == "python":
+            exec(compile(code, where, "exec"), namespace)
+        elif language == "bash":
+            expected = int(re.search(r"exit=(\d+)", options or "exit=0").group(1))
+            result = subprocess.run(
+                ["bash", "-euc", code], cwd=tmp_path, env=env, capture_output=True, text=True
+            )
+            assert result.returncode == expected, (
+                f"{where}: exit {result.returncode}\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+            )
+        else:
+            pytest.fail(f"{where}: cannot run a {language!r} block")
+
+
+def test_marked_blocks_are_found():
+    text = "<!-- file: a.yaml -->\n```yaml\nx: 1\n```\n<!-- run: exit=2 -->\n```bash\nfalse\n```"
+    expected = [("file", "a.yaml", "yaml", "x: 1"), ("run", "exit=2", "bash", "false")]
+    assert marked_blocks(text) == expected
