@@ -58,11 +58,11 @@ def cli() -> None:
 
 
 class _Group(click.Group):
-    """Lists each command with its whole first line, not click's 45-character cut."""
+    """Lists each command with its whole first paragraph, not click's 45-character cut."""
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [
-            (name, (cmd.help or "").strip().split("\n")[0])
+            (name, " ".join((cmd.help or "").strip().split("\n\n")[0].split()))
             for name in self.list_commands(ctx)
             if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden
         ]
@@ -266,7 +266,7 @@ def _latest(runner: Any) -> Path:
 # -- plugins -------------------------------------------------------------------------------
 
 
-@cli.group()
+@cli.group(cls=_Group)
 def plugins() -> None:
     """Installed plugins (entry points of the hookrun.plugins group)."""
 
@@ -415,7 +415,7 @@ def hooks(as_json: bool) -> None:
         echo()
 
 
-@cli.group(name="config")
+@cli.group(name="config", cls=_Group)
 def config_group() -> None:
     """Check config files and print their JSON Schema."""
 
