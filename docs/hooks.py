@@ -5,7 +5,9 @@
 - ``<!-- settings-table: NAME -->`` becomes plugin NAME's settings table, from the JSON
   schema of its pydantic ``Settings`` (field, type, default, constraints, description);
 - ``<!-- runner-table -->`` and ``<!-- config-table: optimizer|scheduler|warmup -->`` become
-  the tables of those config sections, from their pydantic models.
+  the tables of those config sections, from their pydantic models;
+- ``<!-- cli-help: COMMAND -->`` becomes ``hookrun COMMAND --help`` as click prints it (the
+  pages under ``docs/commands/``), so the command pages cannot drift from the CLI.
 
 A missing plugin or an undocumented setting is a warning, which ``mkdocs build --strict``
 turns into a failed build.
@@ -23,11 +25,13 @@ log = logging.getLogger("mkdocs.plugins.hookrun")
 SETTINGS_MARKER = re.compile(r"<!--\s*settings-table:\s*([A-Za-z0-9_]+)\s*-->")
 HOOKS_MARKER = "<!-- hook-reference -->"
 CONFIG_MARKER = "<!-- runner-table -->"
+CLI_MARKER = re.compile(r"<!--\s*cli-help:\s*([a-z ]*?)\s*-->")
 SECTION_MARKER = re.compile(r"<!--\s*config-table:\s*(optimizer|scheduler|warmup)\s*-->")
 
 
 def on_page_markdown(markdown: str, page: Any = None, config: Any = None, files: Any = None) -> str:
     markdown = SETTINGS_MARKER.sub(lambda m: settings_table(m.group(1)), markdown)
+    markdown = CLI_MARKER.sub(lambda m: "```text\n" + cli_help(m.group(1)) + "```\n", markdown)
     if HOOKS_MARKER in markdown:
         markdown = markdown.replace(HOOKS_MARKER, hook_reference())
     if CONFIG_MARKER in markdown:
@@ -35,6 +39,19 @@ def on_page_markdown(markdown: str, page: Any = None, config: Any = None, files:
 
         markdown = markdown.replace(CONFIG_MARKER, table(RunnerConfig, "runner"))
     return SECTION_MARKER.sub(lambda m: section_table(m.group(1)), markdown)
+
+
+def cli_help(command: str) -> str:
+    """``hookrun COMMAND --help`` at a fixed width of 100 columns (the CLI's own maximum)."""
+    from click.testing import CliRunner
+
+    from hookrun.cli import cli
+
+    args = [*command.split(), "--help"]
+    result = CliRunner().invoke(cli, args, prog_name="hookrun", terminal_width=100)
+    if result.exit_code != 0:
+        log.warning("cli-help: hookrun %s failed: %s", " ".join(args), result.output)
+    return result.output
 
 
 def section_table(name: str) -> str:

@@ -135,6 +135,37 @@ def test_each_built_in_plugin_page_gets_its_settings_table(name):
         assert f"| `{field}` |" in rendered
 
 
+def cli_commands(group=None, prefix=()):
+    """Every leaf command of the CLI as its words: ("plugins", "list"), ..."""
+    import click
+
+    from hookrun.cli import cli
+
+    group = group or cli
+    for name in group.list_commands(None):
+        command = group.get_command(None, name)
+        if isinstance(command, click.Group):
+            yield from cli_commands(command, (*prefix, name))
+        else:
+            yield (*prefix, name)
+
+
+@pytest.mark.parametrize("words", [(), *cli_commands()], ids=" ".join)
+def test_every_command_has_a_page_of_its_help(words):
+    from click.testing import CliRunner
+
+    from hookrun.cli import cli
+
+    page = DOCS / "commands" / (f"{'-'.join(words)}.md" if words else "index.md")
+    assert page.is_file(), f"hookrun {' '.join(words)} has no page {page}"
+    rendered = docs_hooks().on_page_markdown(page.read_text())
+    args = [*words, "--help"]
+    expected = CliRunner().invoke(cli, args, prog_name="hookrun", terminal_width=100).output
+    assert f"```text\n{expected}```" in rendered
+    if "Commands:" in expected:  # a group lists whole summaries, never click's "..." cut
+        assert "..." not in expected[expected.index("Commands:") :].split("\n\n")[0]
+
+
 def test_site_builds_strict(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
