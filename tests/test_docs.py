@@ -7,6 +7,7 @@ import importlib.util
 import inspect
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -189,9 +190,11 @@ def test_site_builds_strict(tmp_path):
 # -- runnable blocks ---------------------------------------------------------------------
 # A fenced block right after `<!-- run -->` is executed by the test below, the blocks of a
 # page in order in one temporary folder (with `examples/` linked into it): `python` blocks
-# in one namespace per page, in this process; `bash` blocks by bash (`set -eu`), where
-# `<!-- run: exit=2 -->` expects that exit code. `<!-- file: NAME -->` writes the block to
-# NAME in that folder first (a config a later command reads).
+# in one namespace per page, in this process; `bash` blocks whose every command is
+# `hookrun ...` through the CLI's `main` in this process (as `hookrun.testing.run_cli` does:
+# no interpreter start), any other `bash` block by bash (`set -eu`). `<!-- run: exit=2 -->`
+# expects that exit code. `<!-- file: NAME -->` writes the block to NAME in that folder (a
+# config a later command reads).
 BLOCK = re.compile(r"<!--\s*(run|file)(?::\s*([^>]*?))?\s*-->\s*\n```(\w*)[^\n]*\n(.*?)\n```", re.S)
 RUNNABLE_PAGES = sorted(
     str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if BLOCK.search(p.read_text())
@@ -203,12 +206,42 @@ def marked_blocks(text: str) -> list[tuple[str, str, str, str]]:
     return [m.groups(default="") for m in BLOCK.finditer(text)]
 
 
+def hookrun_commands(code: str) -> list[list[str]] | None:
+    """The block's commands as argument lists when each is a plain ``hookrun ...``."""
+    commands = [shlex.split(line, comments=True) for line in code.replace("\\\n", " ").splitlines()]
+    commands = [c for c in commands if c]
+    if all(c[0] == "hookrun" and not set("|&;<>$`") & set("".join(c)) for c in commands):
+        return [c[1:] for c in commands]
+    return None
+
+
+def run_bash_block(code: str, cwd: Path, capsys) -> tuple[int, str]:
+    """Exit code and output of a bash block (its last command's code)."""
+    from hookrun.cli import main
+
+    commands = hookrun_commands(code)
+    if commands is None:
+        bin_dir = str(Path(sys.executable).parent)
+        env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
+        result = subprocess.run(["bash", "-euc", code], cwd=cwd, env=env, capture_output=True)
+        return result.returncode, (result.stdout + result.stderr).decode()[-3000:]
+    code_, output = 0, ""
+    for args in commands:
+        try:
+            main(args)
+        except SystemExit as exited:
+            code_ = exited.code if isinstance(exited.code, int) else int(exited.code is not None)
+        out, err = capsys.readouterr()
+        output += out + err
+        if code_ != 0:
+            break
+    return code_, output[-3000:]
+
+
 @pytest.mark.parametrize("page", RUNNABLE_PAGES)
-def test_runnable_blocks(page, tmp_path, monkeypatch):
+def test_runnable_blocks(page, tmp_path, monkeypatch, capsys):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     monkeypatch.chdir(tmp_path)
-    bin_dir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
     namespace: dict = {"__name__": "__docs__"}
     for number, (kind, options, language, code) in enumerate(
         marked_blocks((DOCS / page).read_text()), 1
@@ -222,12 +255,8 @@ def test_runnable_blocks(page, tmp_path, monkeypatch):
             exec(compile(code, where, "exec"), namespace)
         elif language == "bash":
             expected = int(re.search(r"exit=(\d+)", options or "exit=0").group(1))
-            result = subprocess.run(
-                ["bash", "-euc", code], cwd=tmp_path, env=env, capture_output=True, text=True
-            )
-            assert result.returncode == expected, (
-                f"{where}: exit {result.returncode}\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
-            )
+            exit_code, output = run_bash_block(code, tmp_path, capsys)
+            assert exit_code == expected, f"{where}: exit {exit_code}\n{output}"
         else:
             pytest.fail(f"{where}: cannot run a {language!r} block")
 
