@@ -206,13 +206,20 @@ def marked_blocks(text: str) -> list[tuple[str, str, str, str]]:
     return [m.groups(default="") for m in BLOCK.finditer(text)]
 
 
-def hookrun_commands(code: str) -> list[list[str]] | None:
-    """The block's commands as argument lists when each is a plain ``hookrun ...``."""
-    commands = [shlex.split(line, comments=True) for line in code.replace("\\\n", " ").splitlines()]
-    commands = [c for c in commands if c]
-    if all(c[0] == "hookrun" and not set("|&;<>$`") & set("".join(c)) for c in commands):
-        return [c[1:] for c in commands]
-    return None
+def hookrun_commands(code: str) -> list[tuple[list[str], str | None]] | None:
+    """The block's commands as (arguments, file stdout goes to) when each is a plain
+    ``hookrun ...``, optionally ending in ``> FILE``."""
+    commands = []
+    for line in code.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        target = None
+        if len(words) > 2 and words[-2] == ">":
+            words, target = words[:-2], words[-1]
+        if words and (words[0] != "hookrun" or set("|&;<>$`") & set("".join(words))):
+            return None
+        if words:
+            commands.append((words[1:], target))
+    return commands
 
 
 def run_bash_block(code: str, cwd: Path, capsys) -> tuple[int, str]:
@@ -225,17 +232,20 @@ def run_bash_block(code: str, cwd: Path, capsys) -> tuple[int, str]:
         env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
         result = subprocess.run(["bash", "-euc", code], cwd=cwd, env=env, capture_output=True)
         return result.returncode, (result.stdout + result.stderr).decode()[-3000:]
-    code_, output = 0, ""
-    for args in commands:
+    exit_code, output = 0, ""
+    for args, target in commands:
         try:
             main(args)
         except SystemExit as exited:
-            code_ = exited.code if isinstance(exited.code, int) else int(exited.code is not None)
+            code_ = exited.code
+            exit_code = code_ if isinstance(code_, int) else int(code_ is not None)
         out, err = capsys.readouterr()
-        output += out + err
-        if code_ != 0:
+        if target:
+            (cwd / target).write_text(out)
+        output += ("" if target else out) + err
+        if exit_code != 0:
             break
-    return code_, output[-3000:]
+    return exit_code, output[-3000:]
 
 
 @pytest.mark.parametrize("page", RUNNABLE_PAGES)
@@ -265,3 +275,9 @@ def test_marked_blocks_are_found():
     text = "<!-- file: a.yaml -->\n```yaml\nx: 1\n```\n<!-- run: exit=2 -->\n```bash\nfalse\n```"
     expected = [("file", "a.yaml", "yaml", "x: 1"), ("run", "exit=2", "bash", "false")]
     assert marked_blocks(text) == expected
+    assert hookrun_commands("hookrun a \\\n  b  # c\nhookrun d --json > e.json") == [
+        (["a", "b"], None),
+        (["d", "--json"], "e.json"),
+    ]
+    assert hookrun_commands("hookrun a | head") is None
+    assert hookrun_commands("python -m build") is None
