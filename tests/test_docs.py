@@ -197,7 +197,9 @@ def test_site_builds_strict(tmp_path):
 # config a later command reads).
 BLOCK = re.compile(r"<!--\s*(run|file)(?::\s*([^>]*?))?\s*-->\s*\n```(\w*)[^\n]*\n(.*?)\n```", re.S)
 RUNNABLE_PAGES = sorted(
-    str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if BLOCK.search(p.read_text())
+    str(p.relative_to(ROOT))
+    for p in (ROOT / "README.md", *DOCS.rglob("*.md"))
+    if BLOCK.search(p.read_text())
 )
 
 
@@ -254,7 +256,7 @@ def test_runnable_blocks(page, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__"}
     for number, (kind, options, language, code) in enumerate(
-        marked_blocks((DOCS / page).read_text()), 1
+        marked_blocks((ROOT / page).read_text()), 1
     ):
         where = f"{page}, block {number}"
         if kind == "file":
