@@ -26,6 +26,7 @@ SETTINGS_MARKER = re.compile(r"<!--\s*settings-table:\s*([A-Za-z0-9_]+)\s*-->")
 HOOKS_MARKER = "<!-- hook-reference -->"
 CONFIG_MARKER = "<!-- runner-table -->"
 CLI_MARKER = re.compile(r"<!--\s*cli-help:\s*([a-z ]*?)\s*-->")
+ROLE = re.compile(r":(?:class|meth|func|attr|mod|data|exc|obj):(?=<code>)")
 SECTION_MARKER = re.compile(r"<!--\s*config-table:\s*(optimizer|scheduler|warmup)\s*-->")
 
 
@@ -39,6 +40,12 @@ def on_page_markdown(markdown: str, page: Any = None, config: Any = None, files:
 
         markdown = markdown.replace(CONFIG_MARKER, table(RunnerConfig, "runner"))
     return SECTION_MARKER.sub(lambda m: section_table(m.group(1)), markdown)
+
+
+def on_page_content(html: str, page: Any = None, config: Any = None, files: Any = None) -> str:
+    """The docstrings' reST roles (:class:`X`) reach the API pages as ``:class:`` before the
+    code: drop the role, keep the code."""
+    return ROLE.sub("", html)
 
 
 def cli_help(command: str) -> str:
