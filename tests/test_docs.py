@@ -253,10 +253,21 @@ def run_bash_block(code: str, cwd: Path, capsys) -> tuple[int, str]:
     return exit_code, output[-3000:]
 
 
+def forget_modules_from(folder: Path, loaded: set[str]) -> None:
+    """Drop the modules a page imported from its folder (``task``...), so the next page's
+    module of the same name is its own."""
+    for name in set(sys.modules) - loaded:
+        if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(folder)):
+            del sys.modules[name]
+
+
 @pytest.mark.parametrize("page", RUNNABLE_PAGES)
-def test_runnable_blocks(page, tmp_path, monkeypatch, capsys):
+def test_runnable_blocks(page, tmp_path, monkeypatch, capsys, request):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a block's sys.path.insert is undone
+    loaded = set(sys.modules)
+    request.addfinalizer(lambda: forget_modules_from(tmp_path, loaded))
     namespace: dict = {"__name__": "__docs__"}
     for number, (kind, options, language, code) in enumerate(
         marked_blocks((ROOT / page).read_text()), 1
