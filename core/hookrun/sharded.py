@@ -83,7 +83,7 @@ def _split_dtensors(value: Any) -> tuple[Any, Any]:
 
     if isinstance(value, DTensor):
         return torch.empty(value.shape, dtype=value.dtype, device="meta"), value
-    if type(value) is not dict:
+    if not isinstance(value, dict):  # OrderedDict too (a state_dict())
         return value, None
     kept: dict[Any, Any] = {}
     moved: dict[Any, Any] = {}
@@ -121,7 +121,7 @@ def _fill_plugins(checkpoint: dict[str, Any], path: Path, mesh: Any, alone: bool
         if isinstance(value, torch.Tensor) and value.is_meta:
             tensor = template(value)
             return tensor, tensor
-        if type(value) is not dict:
+        if not isinstance(value, dict):
             return value, None
         filled: dict[Any, Any] = {}
         wanted: dict[Any, Any] = {}
