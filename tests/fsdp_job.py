@@ -7,9 +7,9 @@ again with built-in plugins, EMA included (``plugins_ddp/``, ``plugins_fsdp/``),
 latter from its folder ``iter_7.pt`` (``plugins_resumed/``) and the DDP run's file checkpoint
 under FSDP (``from_file/``), and runs every built-in plugin alone under FSDP
 (``conformance/``, outcomes in ``conformance_rank<N>.json``). ``fsdp_job.py WORK_DIR
---resume-from FOLDER`` runs the plugins' run from FOLDER on this job's ranks. Every run writes
-what the tests compare (weights, EMA weights, metrics, the hook points each rank saw, the
-samples it trained on) to ``result_rank<N>.pt`` in its work dir.
+--resume-from FOLDER`` runs the plugins' run from FOLDER on this job's ranks, EMA alone.
+Every run writes what the tests compare (weights, EMA weights, metrics, the hook points each
+rank saw, the samples it trained on) to ``result_rank<N>.pt`` in its work dir.
 """
 
 from __future__ import annotations
@@ -82,6 +82,9 @@ PLUGINS = {
     "precise_bn": {"num_batches": 4},
     "ema": {"decay": 0.8},
 }
+
+#: the plugins of a run resumed on another number of ranks: the one whose state is resharded
+EMA_ONLY = {"ema": PLUGINS["ema"]}
 
 #: every built-in plugin, each run alone under FSDP by :func:`conformance`
 BUILT_IN = (
@@ -218,8 +221,7 @@ class SaveAt:
 def main() -> None:
     work_dir = Path(sys.argv[1])
     if sys.argv[2:3] == ["--resume-from"]:  # the plugins' run, from a folder, on these ranks
-        runner = Runner(**build(), **RUN, work_dir=work_dir, plugins=PLUGINS)
-        runner.train(resume=sys.argv[3])
+        Runner(**build(), **RUN, work_dir=work_dir, plugins=EMA_ONLY).train(resume=sys.argv[3])
         return
     for strategy in ("ddp", "fsdp"):
         Runner(**build(), **{**RUN, "strategy": strategy}, work_dir=work_dir / strategy).train()

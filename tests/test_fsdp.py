@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from fsdp_job import BUILT_IN, PLUGINS, RUN, Block, build, model
+from fsdp_job import BUILT_IN, EMA_ONLY, RUN, Block, build, model
 from torch import nn
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
@@ -309,6 +309,15 @@ def test_ema_under_fsdp_equals_ema_under_ddp(compared):
     assert not state["1.running_mean"].is_meta  # a buffer: every rank holds it whole
     metadata = pickle.loads((folder / ".metadata").read_bytes()).state_dict_metadata
     assert "plugins.ema.model.4.weight" in metadata
+    # best_accuracy.pt is saved during validation, the average swapped in: it holds the
+    # trained weights as its model all the same, as the DDP run's file does
+    best = full_model_state(compared / "plugins_fsdp" / "checkpoints" / "best_accuracy.pt")
+    file = torch.load(
+        compared / "plugins_ddp" / "checkpoints" / "best_accuracy.pt", weights_only=True
+    )
+    for name, tensor in file["model"].items():
+        torch.testing.assert_close(best[name], tensor, rtol=0, atol=1e-6)
+    assert not torch.allclose(best["4.weight"], file["plugins"]["ema"]["model"]["4.weight"])
 
 
 def test_the_ema_state_resumes_exactly_from_a_folder(compared):
@@ -383,8 +392,8 @@ def test_a_file_naming_a_folder_is_still_read_as_a_file(tmp_path, hookrun_isolat
 def test_a_two_rank_folder_continues_on_three_ranks_and_on_one(
     compared, tmp_path, capsys, hookrun_isolated
 ):
-    """The plugins' run (EMA included) from its 2-rank folder iter_7.pt, saved after 2 of the
-    5 batches per rank of epoch 1: on 3 FSDP ranks and in one process, every sample of that
+    """The plugins' run from its 2-rank folder iter_7.pt, saved after 2 of the 5 batches per
+    rank of epoch 1, with EMA on: on 3 FSDP ranks and in one process, every sample of that
     epoch the 2 ranks had not used is seen exactly once, and the EMA's average is the saved
     one, resharded (or whole)."""
     folder = compared / "plugins_fsdp" / "checkpoints" / "iter_7.pt"
@@ -406,7 +415,7 @@ def test_a_two_rank_folder_continues_on_three_ranks_and_on_one(
 
     settings = {key: value for key, value in RUN.items() if key != "fsdp"}
     one = Runner(
-        **build(), **{**settings, "strategy": "auto"}, work_dir=tmp_path / "one", plugins=PLUGINS
+        **build(), **{**settings, "strategy": "auto"}, work_dir=tmp_path / "one", plugins=EMA_ONLY
     )
     threads = torch.get_num_threads()
     try:
