@@ -237,6 +237,7 @@ def main() -> None:
     resumed = Runner(**build(), **RUN, work_dir=work_dir / "from_file")
     resumed.train(resume=work_dir / "ddp" / "checkpoints" / "iter_9.pt")
     outcomes = {name: conformance(name, work_dir / "conformance" / name) for name in BUILT_IN}
+    outcomes["nan_guard_one_shard"] = nan_in_one_shard(work_dir / "nan_guard_one_shard")
     rank = dist.get_rank()
     (work_dir / f"conformance_rank{rank}.json").write_text(json.dumps(outcomes))
     torch.save(model().state_dict(), work_dir / "start.pt")
@@ -264,6 +265,39 @@ def conformance(name: str, work_dir: Path) -> str:
         return "ok"
     except Exception as exc:  # reported per plugin, so one failure names its plugin
         return f"{type(exc).__name__}: {exc}"
+
+
+def nan_in_one_shard(work_dir: Path) -> str:
+    """nan_guard under FSDP with a NaN put into rank 1's shard of one gradient at iteration 1
+    (rank 0's shards stay finite): every rank skips that step, and only that one."""
+    try:
+        runner = Runner(
+            **fsdp_toy(work_dir), plugins={"nan_guard": {}}, hooks=[NanInShard(at=1, rank=1)]
+        )
+        runner.train()
+        guard = runner.plugins["nan_guard"]
+        assert (guard.skipped, guard.nonfinite) == (1, 1), (guard.skipped, guard.nonfinite)
+        weights = full_state_dict(runner.model)
+        assert all(v.isfinite().all() for v in weights.values()), "weights not finite"
+        return "ok"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+class NanInShard:
+    """Puts a NaN into ``rank``'s local shard of the first parameter's gradient at iteration
+    ``at``, before any plugin looks at the gradients."""
+
+    priority = 0
+
+    def __init__(self, at: int, rank: int) -> None:
+        self.at, self.rank = at, rank
+
+    @hookimpl
+    def before_optimizer_step(self, runner: Any) -> None:
+        if runner.iter == self.at and runner.rank == self.rank:
+            grad = next(iter(runner.unwrapped_model.parameters())).grad
+            grad.to_local().view(-1)[0] = float("nan")
 
 
 def fsdp_toy(work_dir: Path) -> dict[str, Any]:

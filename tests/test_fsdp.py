@@ -345,9 +345,8 @@ def test_export_ema_of_a_folder_writes_the_consolidated_average(compared, tmp_pa
         assert torch.equal(tensor, final[name]), name
 
 
-# nan_guard's checks mix the model's DTensor shards with plain tensors in one foreach call
-# (and each rank would judge only its own gradient shards): not yet working under FSDP
-FSDP_KNOWN_FAILURES = {"nan_guard"}
+# plugins that do not work under FSDP yet (strict: one that passes must leave the set)
+FSDP_KNOWN_FAILURES: set[str] = set()
 
 
 @pytest.mark.parametrize("name", BUILT_IN)
@@ -361,6 +360,14 @@ def test_each_plugin_keeps_its_conformance_under_two_rank_fsdp(compared, name):
         assert failures, f"{name} passes under FSDP now: take it out of FSDP_KNOWN_FAILURES"
         pytest.xfail(failures[0])
     assert not failures, failures
+
+
+def test_nan_guard_skips_a_step_bad_in_one_ranks_shard_on_every_rank(compared):
+    """A NaN in rank 1's gradient shard only: the ranks agree (an all-reduce of the flag), so
+    both skip that one step and the weights stay finite (fsdp_job.nan_in_one_shard)."""
+    for rank in (0, 1):
+        outcomes = json.loads((compared / f"conformance_rank{rank}.json").read_text())
+        assert outcomes["nan_guard_one_shard"] == "ok", f"rank {rank}"
 
 
 def test_a_ddp_file_checkpoint_resumes_under_fsdp(compared):
