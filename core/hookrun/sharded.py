@@ -107,6 +107,8 @@ def plugin_states(runner: Runner, checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fill_plugins(checkpoint: dict[str, Any], path: Path, mesh: Any, alone: bool) -> dict[str, Any]:
+    """``checkpoint["plugins"]`` with each ``meta`` placeholder replaced by the tensor DCP
+    holds for it: sharded on dim 0 over ``mesh``, or whole without one (one ``dcp.load``)."""
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor import empty as sharded_empty
 
