@@ -80,8 +80,12 @@ PLUGINS = {
     "timer": {"warmup": 1, "window": 3},
     "logger": {},
     "precise_bn": {"num_batches": 4},
-    "ema": {"decay": 0.8},
+    "ema": {"decay": 0.8, "evaluate": "both"},  # a raw pass, then one with the average
 }
+
+#: the runner settings of the ``plugins_*`` runs: every unit keeps its gathered parameters
+#: after an evaluation forward, which the EMA's swap must not let outlive it
+PLUGINS_RUN = {**RUN, "fsdp": {"wrap": ["Block"], "reshard_after_forward": False}}
 
 #: the plugins of a run resumed on another number of ranks: the one whose state is resharded
 EMA_ONLY = {"ema": PLUGINS["ema"]}
@@ -226,12 +230,14 @@ def main() -> None:
     for strategy in ("ddp", "fsdp"):
         Runner(**build(), **{**RUN, "strategy": strategy}, work_dir=work_dir / strategy).train()
     for strategy in ("ddp", "fsdp"):
-        settings = {**RUN, "strategy": strategy}
+        settings = {**PLUGINS_RUN, "strategy": strategy}
         Runner(
             **build(), **settings, work_dir=work_dir / f"plugins_{strategy}", plugins=PLUGINS
         ).train()
     # the plugins' FSDP run from its folder at iteration 7 (mid-epoch), to the end
-    resumed = Runner(**build(), **RUN, work_dir=work_dir / "plugins_resumed", plugins=PLUGINS)
+    resumed = Runner(
+        **build(), **PLUGINS_RUN, work_dir=work_dir / "plugins_resumed", plugins=PLUGINS
+    )
     resumed.train(resume=work_dir / "plugins_fsdp" / "checkpoints" / "iter_7.pt")
     # the DDP run's file at iteration 9, resumed under FSDP to the end
     resumed = Runner(**build(), **RUN, work_dir=work_dir / "from_file")

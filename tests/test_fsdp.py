@@ -302,6 +302,10 @@ def test_ema_under_fsdp_equals_ema_under_ddp(compared):
             torch.testing.assert_close(fsdp["ema"][name], tensor, rtol=0, atol=1e-6)
         moved = (fsdp["ema"]["4.weight"] - fsdp["weights"]["4.weight"]).abs().max()
         assert moved > 1e-3  # an average, not the weights
+        # evaluate: both: the pass with the average follows the raw one (whose forward left
+        # FSDP's root parameters gathered) and gives DDP's metrics, which differ from the raw
+        assert fsdp["metrics"] == pytest.approx(ddp["metrics"], rel=1e-6)
+        assert abs(fsdp["metrics"]["ema/loss"] - fsdp["metrics"]["loss"]) > 1e-4
     # the folder holds the average's shards as DCP tensors, state.pt only their shapes
     folder = compared / "plugins_fsdp" / "checkpoints" / "epoch_2.pt"
     state = torch.load(folder / "state.pt", weights_only=True)["plugins"]["ema"]["model"]

@@ -150,8 +150,9 @@ class Shadow:
 
     def _reshard(self) -> None:
         """Under FSDP, drop the gathered copies of the parameters a forward may have left
-        (FSDP2 keeps the root's after an evaluation forward): the next forward then gathers
-        what the shards hold now, the average or the trained weights."""
+        (with ``reshard_after_forward: false`` a unit keeps them after an evaluation
+        forward): the next forward then gathers what the shards hold now, the average or the
+        trained weights."""
         if not self.sharded:
             return
         from torch.distributed.fsdp import FSDPModule
