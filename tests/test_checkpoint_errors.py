@@ -47,7 +47,7 @@ def last_json(proc: subprocess.CompletedProcess[str]) -> Any:
 
 def test_a_full_disk_names_the_file_and_the_os_error_and_keeps_every_older_file(tmp_path):
     # A real "disk full": writes past RLIMIT_FSIZE fail with OSError(EFBIG) (SIGXFSZ ignored).
-    # A 3 MB tmpfs would be closer, but mounting one needs root, which the test machines lack.
+    # Portable: no mount needed (test_full_disk fills a real 3 MB tmpfs where mounting works).
     proc = python(
         """
         import json, resource, signal, sys

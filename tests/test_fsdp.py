@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from fsdp_job import RUN, Block, build, model
+from fsdp_job import BUILT_IN, EMA_ONLY, RUN, Block, build, model
 from torch import nn
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
@@ -27,9 +27,9 @@ from hookrun.testing import once_per_session, run_job, toy_data
 JOB = Path(__file__).with_name("fsdp_job.py")
 
 
-def torchrun(*args: str | Path, expect: int = 0):
-    """Two ranks on the CPU (gloo) under the real launcher."""
-    command = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *args]
+def torchrun(*args: str | Path, expect: int = 0, ranks: int = 2):
+    """Two ranks (or ``ranks``) on the CPU (gloo) under the real launcher."""
+    command = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *args]
     return run_job(command, expect=expect, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -292,16 +292,86 @@ def test_precise_bn_under_fsdp_gives_the_statistics_it_gives_under_ddp(compared)
         assert fsdp["metrics"] == pytest.approx(ddp["metrics"], rel=1e-6)
 
 
-def test_the_ema_plugin_is_refused_under_fsdp_on_every_rank(compared):
+def test_ema_under_fsdp_equals_ema_under_ddp(compared):
+    """EMA (decay 0.8, with checkpoint, timer, logger, precise-BN): each rank averages its
+    shards; gathered, the average is DDP's to 1e-6 (float rounding; 6e-11 here)."""
     for rank in (0, 1):
-        assert (compared / f"ema_rank{rank}.txt").read_text() == (
-            "plugins.ema: not available with runner.strategy fsdp yet (the average is not kept "
-            "as shards); turn the plugin off or use strategy ddp"
-        )
-    # in before_run: the writers are open by then (the log holds the config), nothing
-    # trained or saved
-    assert not (compared / "ema" / "checkpoints").exists()
-    assert "train/loss" not in (compared / "ema" / "log.jsonl").read_text()
+        ddp, fsdp = result(compared / "plugins_ddp", rank), result(compared / "plugins_fsdp", rank)
+        assert fsdp["ema"].keys() == ddp["ema"].keys() == model().state_dict().keys()
+        for name, tensor in ddp["ema"].items():
+            torch.testing.assert_close(fsdp["ema"][name], tensor, rtol=0, atol=1e-6)
+        moved = (fsdp["ema"]["4.weight"] - fsdp["weights"]["4.weight"]).abs().max()
+        assert moved > 1e-3  # an average, not the weights
+        # evaluate: both: the pass with the average follows the raw one (whose forward left
+        # FSDP's root parameters gathered) and gives DDP's metrics, which differ from the raw
+        assert fsdp["metrics"] == pytest.approx(ddp["metrics"], rel=1e-6)
+        assert abs(fsdp["metrics"]["ema/loss"] - fsdp["metrics"]["loss"]) > 1e-4
+    # the folder holds the average's shards as DCP tensors, state.pt only their shapes
+    folder = compared / "plugins_fsdp" / "checkpoints" / "epoch_2.pt"
+    state = torch.load(folder / "state.pt", weights_only=True)["plugins"]["ema"]["model"]
+    assert state["4.weight"].is_meta and state["4.weight"].shape == (2, 16)
+    assert not state["1.running_mean"].is_meta  # a buffer: every rank holds it whole
+    metadata = pickle.loads((folder / ".metadata").read_bytes()).state_dict_metadata
+    assert "plugins.ema.model.4.weight" in metadata
+    # best_accuracy.pt is saved during validation, the average swapped in: it holds the
+    # trained weights as its model all the same, as the DDP run's file does
+    best = full_model_state(compared / "plugins_fsdp" / "checkpoints" / "best_accuracy.pt")
+    file = torch.load(
+        compared / "plugins_ddp" / "checkpoints" / "best_accuracy.pt", weights_only=True
+    )
+    for name, tensor in file["model"].items():
+        torch.testing.assert_close(best[name], tensor, rtol=0, atol=1e-6)
+    assert not torch.allclose(best["4.weight"], file["plugins"]["ema"]["model"]["4.weight"])
+
+
+def test_the_ema_state_resumes_exactly_from_a_folder(compared):
+    """The plugins' FSDP run resumed from its folder iter_7.pt (mid-epoch) ends with the
+    average and weights of the run never interrupted, bit for bit."""
+    for rank in (0, 1):
+        reference = result(compared / "plugins_fsdp", rank)
+        resumed = result(compared / "plugins_resumed", rank)
+        assert resumed["resumed_from"].endswith("iter_7.pt")
+        for name, tensor in reference["ema"].items():
+            assert torch.equal(resumed["ema"][name], tensor), name
+        for name, tensor in reference["weights"].items():
+            assert torch.equal(resumed["weights"][name], tensor), name
+        assert resumed["metrics"] == reference["metrics"]
+
+
+def test_export_ema_of_a_folder_writes_the_consolidated_average(compared, tmp_path, capsys):
+    out = tmp_path / "ema.pt"
+    folder = compared / "plugins_fsdp" / "checkpoints" / "epoch_2.pt"
+    assert export(capsys, folder, out, "--ema") == (0, "")
+    net = model()
+    net.load_state_dict(torch.load(out, weights_only=True))  # strict: every key, no more
+    final = result(compared / "plugins_fsdp", 0)["ema"]  # gathered by the run itself
+    for name, tensor in net.state_dict().items():
+        assert torch.equal(tensor, final[name]), name
+
+
+# plugins that do not work under FSDP yet (strict: one that passes must leave the set)
+FSDP_KNOWN_FAILURES: set[str] = set()
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_each_plugin_keeps_its_conformance_under_two_rank_fsdp(compared, name):
+    """hookrun.testing's run-time checks (works alone, state round trip), each plugin
+    alone in a 2-rank FSDP run of the conformance toy task (fsdp_job.conformance): it trains
+    to the end and a new run loading its sharded folder holds the state rank 0 saved."""
+    outcomes = [json.loads((compared / f"conformance_rank{r}.json").read_text()) for r in (0, 1)]
+    failures = [f"rank {r}: {o[name]}" for r, o in enumerate(outcomes) if o[name] != "ok"]
+    if name in FSDP_KNOWN_FAILURES:  # strict: once it passes, it leaves the set
+        assert failures, f"{name} passes under FSDP now: take it out of FSDP_KNOWN_FAILURES"
+        pytest.xfail(failures[0])
+    assert not failures, failures
+
+
+def test_nan_guard_skips_a_step_bad_in_one_ranks_shard_on_every_rank(compared):
+    """A NaN in rank 1's gradient shard only: the ranks agree (an all-reduce of the flag), so
+    both skip that one step and the weights stay finite (fsdp_job.nan_in_one_shard)."""
+    for rank in (0, 1):
+        outcomes = json.loads((compared / f"conformance_rank{rank}.json").read_text())
+        assert outcomes["nan_guard_one_shard"] == "ok", f"rank {rank}"
 
 
 def test_a_ddp_file_checkpoint_resumes_under_fsdp(compared):
@@ -328,3 +398,41 @@ def test_a_file_naming_a_folder_is_still_read_as_a_file(tmp_path, hookrun_isolat
     other.load_checkpoint(path, resume=True)
     for name, tensor in other.unwrapped_model.state_dict().items():
         assert torch.equal(tensor, state["model"][name]), name
+
+
+def test_a_two_rank_folder_continues_on_three_ranks_and_on_one(
+    compared, tmp_path, capsys, hookrun_isolated
+):
+    """The plugins' run from its 2-rank folder iter_7.pt, saved after 2 of the 5 batches per
+    rank of epoch 1, with EMA on: on 3 FSDP ranks and in one process, every sample of that
+    epoch the 2 ranks had not used is seen exactly once, and the EMA's average is the saved
+    one, resharded (or whole)."""
+    folder = compared / "plugins_fsdp" / "checkpoints" / "iter_7.pt"
+    before = [result(compared / "plugins_fsdp", rank)["seen"][1] for rank in (0, 1)]
+    left = sorted(before[0][8:] + before[1][8:])
+    assert len(left) == 24 and len(set(left)) == 24
+    saved = tmp_path / "ema_iter_7.pt"
+    assert export(capsys, folder, saved, "--ema") == (0, "")
+    saved_ema = torch.load(saved, weights_only=True)
+
+    three = tmp_path / "three"
+    proc = torchrun(JOB, three, "--resume-from", folder, ranks=3)
+    assert "the global batch changes from 8 to 12" in proc.stdout
+    ranks = [result(three, rank) for rank in range(3)]
+    assert sorted(sum((r["seen"][1] for r in ranks), [])) == left
+    for run in ranks:
+        assert run["resumed_from"] == str(folder) and run["ema_loaded"].keys() == saved_ema.keys()
+        assert all(torch.equal(run["ema_loaded"][k], v) for k, v in saved_ema.items())
+
+    settings = {key: value for key, value in RUN.items() if key != "fsdp"}
+    one = Runner(
+        **build(), **{**settings, "strategy": "auto"}, work_dir=tmp_path / "one", plugins=EMA_ONLY
+    )
+    threads = torch.get_num_threads()
+    try:
+        one.train(resume=folder)
+    finally:
+        torch.set_num_threads(threads)
+    alone = result(tmp_path / "one", 0)
+    assert sorted(alone["seen"][1]) == left
+    assert all(torch.equal(alone["ema_loaded"][k], v) for k, v in saved_ema.items())

@@ -44,6 +44,7 @@ def _weights(checkpoint: Path, ema: bool) -> dict[str, torch.Tensor]:
         state = sharded.load(checkpoint)  # checks the folder: complete, DCP's metadata
         if not ema:
             return sharded.full_model_state(checkpoint)
+        state["plugins"] = sharded.full_plugin_states(checkpoint, state)  # the average's shards
     else:
         state = ckpt_io.load(checkpoint)
         if not ema:

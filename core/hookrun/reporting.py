@@ -1,7 +1,7 @@
 """Training reports, owned by the core: every ``log_interval`` iterations, at each epoch's
 end and after the last iteration (the loop decides, inline), the scalar store is read once
-(one host transfer) and ``train/*`` goes to every writer, then ``after_report`` lets plugins
-render it.
+(one host transfer from a GPU) and ``train/*`` goes to every writer, then ``after_report``
+lets plugins render it.
 
 Between reports an iteration costs one integer check: tensors stay on the device. Under
 torch.distributed a report point is also where the ranks meet, in one small all-reduce.

@@ -171,7 +171,8 @@ class Runner:
         for notice in self.manager.notices:
             self.info(notice)
         self.hook_stats: HookStats = self.manager.stats
-        self.scalars = ScalarStore(window=max(100, log_interval))
+        # on the CPU a read costs nothing: values are read one by one, not stacked first
+        self.scalars = ScalarStore(window=max(100, log_interval), batched=self.device.type != "cpu")
         self.writers: list[Writer] = []
         self._writer_classes = resolve_writers(writers)
         self.log_interval = log_interval

@@ -6,7 +6,10 @@ the tensors of the model and optimizer as ``torch.distributed.checkpoint`` (DCP)
 ``__<rank>_0.distcp`` per rank plus DCP's ``.metadata``, and everything else (loop, RNG streams
 of every rank, optimizer groups, scheduler, plugins) in ``state.pt``, an ordinary ``hookrun/1``
 file without ``model``. Entries every rank holds alike (buffers such as BatchNorm statistics)
-are rank 0's, as under DDP.
+are rank 0's, as under DDP. A ``DTensor`` in a plugin's state (the EMA plugin's sharded
+average) is written by DCP too, ``state.pt`` keeping a ``meta`` tensor of its global shape in
+its place; :func:`plugin_states` reads it back sharded on dim 0 over this run's ranks (FSDP2's
+layout), or whole in a run without FSDP.
 
 Nothing is unpickled freely at load: ``state.pt`` loads with ``weights_only=True``; DCP's
 ``.metadata`` (a pickle) is read by an unpickler that knows only DCP's metadata classes, and a
@@ -58,6 +61,9 @@ def split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     tensors, and the optimizer state's tensors keyed by parameter name."""
     rest = {key: value for key, value in state.items() if key != "model"}
     tensors: dict[str, Any] = {"model": dict(state["model"])}
+    plugins, moved_plugins = _split_dtensors(state.get("plugins", {}))
+    if moved_plugins:
+        rest["plugins"], tensors["plugins"] = plugins, moved_plugins
     optimizer = state.get("optimizer")
     if optimizer is not None:
         kept: dict[str, Any] = {}
@@ -68,6 +74,69 @@ def split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         tensors["optimizer"] = moved
         rest["optimizer"] = {**optimizer, "state": kept}
     return tensors, rest
+
+
+def _split_dtensors(value: Any) -> tuple[Any, Any]:
+    """``value`` with each ``DTensor`` in its dicts replaced by a ``meta`` tensor of the same
+    global shape and dtype, and the ``DTensor``s alone in the same nesting (None: none)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return torch.empty(value.shape, dtype=value.dtype, device="meta"), value
+    if not isinstance(value, dict):  # OrderedDict too (a state_dict())
+        return value, None
+    kept: dict[Any, Any] = {}
+    moved: dict[Any, Any] = {}
+    for key, item in value.items():
+        kept[key], found = _split_dtensors(item)
+        if found is not None:
+            moved[key] = found
+    return kept, moved or None
+
+
+def plugin_states(runner: Runner, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The plugins' states of the folder ``checkpoint["sharded"]`` with every tensor DCP holds
+    for them read in: under FSDP as ``DTensor``s sharded on dim 0 over every rank (as
+    ``fully_shard`` lays out parameters, resharded when the world size changed), else whole
+    (every rank calls this)."""
+    mesh = next(
+        (p.device_mesh for p in runner.unwrapped_model.parameters() if hasattr(p, "device_mesh")),
+        None,
+    )
+    return _fill_plugins(checkpoint, checkpoint["sharded"], mesh, not dist.is_distributed())
+
+
+def _fill_plugins(checkpoint: dict[str, Any], path: Path, mesh: Any, alone: bool) -> dict[str, Any]:
+    """``checkpoint["plugins"]`` with each ``meta`` placeholder replaced by the tensor DCP
+    holds for it: sharded on dim 0 over ``mesh``, or whole without one (one ``dcp.load``)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import empty as sharded_empty
+
+    def template(placeholder: torch.Tensor) -> torch.Tensor:
+        if mesh is None:
+            return torch.empty(placeholder.shape, dtype=placeholder.dtype)
+        return sharded_empty(
+            placeholder.shape, dtype=placeholder.dtype, device_mesh=mesh, placements=[Shard(0)]
+        )
+
+    def fill(value: Any) -> tuple[Any, Any]:  # (the value with templates, the templates alone)
+        if isinstance(value, torch.Tensor) and value.is_meta:
+            tensor = template(value)
+            return tensor, tensor
+        if not isinstance(value, dict):
+            return value, None
+        filled: dict[Any, Any] = {}
+        wanted: dict[Any, Any] = {}
+        for key, item in value.items():
+            filled[key], found = fill(item)
+            if found is not None:
+                wanted[key] = found
+        return filled, wanted or None
+
+    plugins, wanted = fill(checkpoint.get("plugins", {}))
+    if wanted is not None:
+        _read({"plugins": wanted}, path, alone=alone)  # into the templates, in place
+    return plugins
 
 
 def write(state: dict[str, Any], path: Path) -> Path:
@@ -206,6 +275,12 @@ def full_model_state(path: Path) -> dict[str, torch.Tensor]:
     weights = _model_entries(read_metadata(path), torch.device("cpu"))
     _read({"model": weights}, path, alone=True)
     return weights
+
+
+def full_plugin_states(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The plugins' states of folder ``path`` (``checkpoint`` is its :func:`load`), every
+    tensor whole, in this process alone: what ``hookrun export --ema`` writes."""
+    return _fill_plugins(checkpoint, path, None, alone=True)
 
 
 def _read(wanted: dict[str, Any], path: Path, alone: bool) -> None:

@@ -75,7 +75,10 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
     takes it: the EMA plugin, before it has seen the model, keeps what it was last given).
     """
     if resume:
-        _restore_plugins(runner, checkpoint.get("plugins", {}))
+        plugins = checkpoint.get("plugins", {})
+        if "sharded" in checkpoint:  # the tensors the folder holds for plugins, read in
+            plugins = _sharded().plugin_states(runner, checkpoint)
+        _restore_plugins(runner, plugins)
         restore_writer_states(runner.writers, checkpoint.get("writers") or {})
     sharded = runner.strategy == "fsdp"
     if "sharded" in checkpoint:  # tensors from the folder's shards, optimizer included

@@ -210,7 +210,13 @@ class RunnerProtocol(Protocol):
     @property
     def sharded_checkpoints(self) -> bool:
         """Whether a checkpoint is a folder every rank writes its shards into (FSDP): then
-        :meth:`write_checkpoint` is called on every rank, not on rank 0 alone."""
+        :meth:`write_checkpoint` is called on every rank, not on rank 0 alone.
+
+        A plugin's ``state_dict()`` may then hold ``DTensor`` shards (in nested dicts): each
+        rank's shards go into the folder through DCP, never pickled, and ``load_state_dict``
+        gets them back as ``DTensor``s sharded on dim 0 over every rank (how ``fully_shard``
+        lays out parameters; resharded when the world size changed), or as whole tensors
+        when a run without FSDP loads the folder."""
 
     @property
     def device(self) -> torch.device:

@@ -8,6 +8,8 @@ Python-float decay, so they never wait for the device.
 Validation and test run with the average swapped into the model by exchanging tensor storage
 (no copy), and the trained weights are given back afterwards, also when evaluation raises.
 Checkpoints hold the average as a state dict that loads straight into the model.
+Under ``strategy: fsdp`` each rank averages its own shards of the parameters
+(:mod:`hookrun_ema.shadow`) and a sharded checkpoint holds the average as shards too.
 """
 
 from __future__ import annotations
@@ -16,20 +18,13 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any, Literal
 
-import torch
 from pydantic import Field
 from torch import nn
 
-from hookrun import (
-    CheckpointMismatchError,
-    ConfigError,
-    Plugin,
-    PluginSettings,
-    Priority,
-    RunnerProtocol,
-    dist,
-    hookimpl,
-)
+from hookrun import Plugin, PluginSettings, Priority, RunnerProtocol, hookimpl
+from hookrun_ema.shadow import Shadow, shadow_dtype
+
+__all__ = ["EMA", "EMASettings", "Shadow", "shadow_dtype"]
 
 
 class EMASettings(PluginSettings):
@@ -92,16 +87,6 @@ class EMA(Plugin[EMASettings]):
         self._swaps = 0  # nesting depth of swapped_in()
 
     # -- training ------------------------------------------------------------------------
-
-    @hookimpl
-    def before_run(self, runner: RunnerProtocol) -> None:
-        """Under FSDP the average would have to be kept as shards: not done yet, so refused
-        before any work rather than saved in a form no checkpoint can hold."""
-        if runner.strategy == "fsdp":
-            raise ConfigError(
-                "plugins.ema: not available with runner.strategy fsdp yet (the average is not "
-                "kept as shards); turn the plugin off or use strategy ddp"
-            )
 
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
@@ -262,185 +247,3 @@ class EMA(Plugin[EMASettings]):
                 state, self._pending = self._pending, None
                 self.load_state_dict(state)
         return self.shadow
-
-
-def shadow_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; every narrower floating type is averaged in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-class Shadow:
-    """The averaged copy of a model's state: one tensor per state-dict tensor (tied weights
-    once), updated in up to three ``torch._foreach_*`` groups.
-
-    - ``lerp``: averaged entries whose shadow has the model tensor's dtype and device;
-    - ``mixed``: averaged entries of another dtype (bf16/fp16 weights) or device;
-    - ``copy``: integer buffers, and floating buffers with ``buffers: copy``.
-    """
-
-    def __init__(self, model: nn.Module, average_buffers: bool, device: str | None) -> None:
-        self.model = model
-        self.stale = False
-        self.device = torch.device(device) if device else None
-        self.keys: list[str] = []
-        self.targets: list[torch.Tensor] = []  # the model's own tensors (Parameters included)
-        self.tensors: list[torch.Tensor] = []  # the average
-        self.slots: dict[str, int] = {}  # every state-dict key (tied ones too) -> index
-        params = {id(p) for p in model.parameters()}
-        self.buffers: list[int] = []  # entries that are not parameters
-        first: dict[int, int] = {}
-        lerp: list[int] = []
-        mixed: list[int] = []
-        copy: list[int] = []
-        for key, value in model.state_dict(keep_vars=True).items():
-            if not isinstance(value, torch.Tensor):
-                continue
-            if id(value) in first:
-                self.slots[key] = first[id(value)]
-                continue
-            averaged = value.is_floating_point() and (average_buffers or id(value) in params)
-            dtype = shadow_dtype(value.dtype) if averaged else value.dtype
-            tensor = value.detach().to(self.device or value.device, dtype, copy=True)
-            index = len(self.keys)
-            if id(value) not in params:
-                self.buffers.append(index)
-            first[id(value)] = self.slots[key] = index
-            self.keys.append(key)
-            self.targets.append(value)
-            self.tensors.append(tensor)
-            alike = tensor.dtype == value.dtype and tensor.device == value.device
-            (copy if not averaged else lerp if alike else mixed).append(index)
-        self.lerp, self.mixed, self.copy = lerp, mixed, copy
-        self.exchanged = [
-            i
-            for i, (t, s) in enumerate(zip(self.targets, self.tensors, strict=True))
-            if t.dtype == s.dtype and t.device == s.device
-        ]
-        exchanged = set(self.exchanged)
-        self.copied = [i for i in range(len(self.keys)) if i not in exchanged]
-        self.staged = self.device is not None and any(t.device != self.device for t in self.targets)
-        self.saved: list[tuple[torch.Tensor, int]] | None = None  # raw copies while swapped
-
-    def _pick(self, group: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        return [self.tensors[i] for i in group], [self.targets[i] for i in group]
-
-    def _sources(self, targets: list[torch.Tensor]) -> list[torch.Tensor]:
-        if not self.staged:
-            return targets
-        return [t.detach().to(self.device) for t in targets]
-
-    def update(self, decay: float) -> None:
-        """``ema = decay * ema + (1 - decay) * weights`` for averaged entries, copies for the
-        rest; ``decay`` is a Python float, so nothing here waits for the device."""
-        with torch.no_grad():
-            if self.lerp:
-                tensors, targets = self._pick(self.lerp)
-                torch._foreach_lerp_(tensors, self._sources(targets), 1.0 - decay)
-            if self.mixed:
-                tensors, targets = self._pick(self.mixed)
-                torch._foreach_mul_(tensors, decay)
-                torch._foreach_add_(tensors, self._sources(targets), alpha=1.0 - decay)
-            if self.copy:
-                tensors, targets = self._pick(self.copy)
-                torch._foreach_copy_(tensors, self._sources(targets))
-
-    def broadcast_buffers(self) -> None:
-        """Rank 0's averaged buffers on every rank."""
-        for index in self.buffers:
-            dist.broadcast_from_rank_0(self.tensors[index])
-
-    def refresh(self) -> None:
-        """The average set to the current weights (tracking before ``start_iter``)."""
-        with torch.no_grad():
-            torch._foreach_copy_(self.tensors, self._sources(self.targets))
-        self.stale = False
-
-    def swap_in(self) -> None:
-        """Put the average into the model: exchange storage where dtype and device match
-        (free), else copy it in after keeping a copy of the trained value."""
-        if self.stale:
-            self.refresh()
-        with torch.no_grad():
-            for i in self.exchanged:
-                _exchange(self.targets[i], self.tensors[i])
-            self.saved = []
-            for i in self.copied:
-                target = self.targets[i]
-                raw = target.detach().clone()
-                target.copy_(self.tensors[i])
-                self.saved.append((raw, target._version))
-
-    def swap_out(self) -> None:
-        """Give the trained weights back; copied-in entries edited meanwhile keep the edit."""
-        assert self.saved is not None
-        with torch.no_grad():
-            for i in self.exchanged:
-                _exchange(self.targets[i], self.tensors[i])
-            for i, (raw, version) in zip(self.copied, self.saved, strict=True):
-                target = self.targets[i]
-                if target._version != version:
-                    self.tensors[i].copy_(target)
-                target.copy_(raw)
-        self.saved = None
-
-    def current(self) -> list[torch.Tensor]:
-        """The tensors holding the average now (the model's own while exchanged in)."""
-        if self.stale:
-            self.refresh()
-        if self.saved is None:
-            return self.tensors
-        current = list(self.tensors)
-        for i in self.exchanged:
-            current[i] = self.targets[i].detach()
-        return current
-
-    def raw_state(self) -> dict[str, torch.Tensor]:
-        """While swapped in: every state-dict key to the tensor holding the trained value."""
-        assert self.saved is not None
-        raw = {i: self.tensors[i] for i in self.exchanged}
-        raw.update({i: saved for i, (saved, _) in zip(self.copied, self.saved, strict=True)})
-        return {key: raw[i] for key, i in self.slots.items()}
-
-    def export(self) -> dict[str, Any]:
-        """The average as ``model.state_dict()`` would hold it: same keys, same dtypes."""
-        state = self.model.state_dict()
-        current = self.current()
-        for key, i in self.slots.items():
-            state[key] = current[i].to(self.targets[i].dtype)
-        return state
-
-    def exact(self) -> dict[str, torch.Tensor]:
-        """Entries whose average is wider than the model's dtype, as kept (for resume)."""
-        current = self.current()
-        return {
-            key: current[i]
-            for i, key in enumerate(self.keys)
-            if current[i].dtype != self.targets[i].dtype
-        }
-
-    def load(self, state: dict[str, Any]) -> None:
-        saved, exact = state["model"], state.get("shadow", {})
-        missing = [key for key in self.keys if key not in saved]
-        if missing:
-            raise CheckpointMismatchError(
-                f"plugins.ema: the saved average lacks {len(missing)} of the model's entries "
-                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
-            )
-        current = self.current()
-        with torch.no_grad():
-            for i, key in enumerate(self.keys):
-                value = exact.get(key, saved[key])
-                if value.shape != current[i].shape:
-                    raise CheckpointMismatchError(
-                        f"plugins.ema: saved average of {key!r} has shape {tuple(value.shape)}, "
-                        f"the model's is {tuple(current[i].shape)}"
-                    )
-                current[i].copy_(value)
-        self.stale = False
-
-
-def _exchange(target: torch.Tensor, tensor: torch.Tensor) -> None:
-    """Swap the storage behind two tensors of one dtype and device; both objects stay."""
-    raw = target.data
-    target.data = tensor.data
-    tensor.data = raw

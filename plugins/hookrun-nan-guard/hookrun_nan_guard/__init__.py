@@ -12,6 +12,10 @@ host read per optimizer step, the same one GradScaler makes. ``check_every: N`` 
 flags on the device and reads them every N steps only; a bad step is then found late, after
 it reached the weights, and the run fails (nothing is left to skip). Whatever the mode, no
 checkpoint is written while one of its tensors is not finite (``before_save_checkpoint``).
+
+Under ``strategy: fsdp`` each rank holds only its shards of the gradients and weights (their
+local tensors are checked), so the ranks agree on the flag with one scalar all-reduce where it
+is read (every step with ``check_every: 1``), and on a checkpoint's finiteness at each save.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from typing import Any, Literal
 
 import torch
 from pydantic import Field
+from torch.distributed.tensor import DTensor
 
-from hookrun import Plugin, PluginSettings, Priority, RunnerProtocol, hookimpl
+from hookrun import Plugin, PluginSettings, Priority, RunnerProtocol, dist, hookimpl
 
 __all__ = ["NanGuard", "NanGuardSettings", "NonFiniteError"]
 
@@ -139,6 +144,8 @@ class NanGuard(Plugin[NanGuardSettings]):
                 return self.decide(runner, bool(scaler_found_inf(scaler, runner)))
             found = self.found_inf(runner)
             if self.settings.check_every == 1:
+                if runner.strategy == "fsdp":  # each rank checked its own gradient shards
+                    found = dist.all_reduce_max(found)
                 return self.decide(runner, bool(found))  # the one host read
             if self.pending is None:
                 self.pending, self.pending_since = found, runner.iter
@@ -165,6 +172,8 @@ class NanGuard(Plugin[NanGuardSettings]):
         if self.pending is not None:
             self.read_pending(runner)
         bad = non_finite_names(dict(floating(checkpoint)))
+        if runner.strategy == "fsdp" and dist.any_rank(bool(bad)) and not bad:
+            bad = ["tensors of another rank's shards"]  # every rank refuses the save
         if bad:
             raise NonFiniteError(
                 f"nan_guard: refusing to save a checkpoint at iteration {runner.iter}: "
@@ -191,7 +200,8 @@ class NanGuard(Plugin[NanGuardSettings]):
         GradScaler groups them. It multiplies by 1.0 in place, which changes no value (the
         losses are detached, and backward has already freed their graphs)."""
         groups = {
-            key: [p.grad for p in params if p.grad is not None] for key, params in self.groups
+            key: [local(p.grad) for p in params if p.grad is not None]
+            for key, params in self.groups
         }
         if self.checks_loss(runner):
             for loss in self.losses:
@@ -248,12 +258,18 @@ class NanGuard(Plugin[NanGuardSettings]):
         if self.checks_loss(runner):
             named.update({f"loss[{i}]": loss.reshape(1) for i, loss in enumerate(self.losses)})
         bad = non_finite_names(named)
-        return f"not finite: {', '.join(bad)}" if bad else "not finite (found by GradScaler)"
+        if bad:
+            return f"not finite: {', '.join(bad)}"
+        if runner.strategy == "fsdp":
+            return "not finite in another rank's gradient shards"
+        return "not finite (found by GradScaler)"
 
     def read_pending(self, runner: RunnerProtocol) -> None:
         """``check_every > 1``: read the bad steps since the last read (one host read); any
         bad one has reached the weights already, so the run fails."""
         pending, self.pending = self.pending, None
+        if pending is not None and runner.strategy == "fsdp":  # every rank's shards' flags
+            pending = dist.all_reduce_max(pending)
         count = round(float(pending)) if pending is not None else 0
         if not count:
             self.consecutive = 0
@@ -310,6 +326,7 @@ def non_finite_names(named: Mapping[str, torch.Tensor]) -> list[str]:
     read per device."""
     by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
     for name, value in named.items():
+        value = local(value)  # a DTensor: this rank's shard
         if value.numel():
             by_device.setdefault(value.device, []).append((name, value.detach()))
     bad: list[str] = []
@@ -318,3 +335,8 @@ def non_finite_names(named: Mapping[str, torch.Tensor]) -> list[str]:
         flags = torch.stack([norm.float() for norm in norms]).isfinite().tolist()
         bad += [name for (name, _), ok in zip(pairs, flags, strict=True) if not ok]
     return bad[:SHOWN] + ([f"{len(bad) - SHOWN} more"] if len(bad) > SHOWN else [])
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor``: a ``DTensor``'s local shard (FSDP), else ``tensor``."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
