@@ -19,7 +19,7 @@ from test_resume import assert_identical
 from torch import nn
 
 from hookrun import Runner
-from hookrun.testing import isolated_env
+from hookrun.testing import isolated_env, once_per_session
 
 JOB = Path(__file__).with_name("dist_job.py")
 
@@ -54,12 +54,15 @@ def torchrun(
     )
 
 
-@pytest.fixture(scope="module")
-def two_rank_run(tmp_path_factory):
-    work_dir = tmp_path_factory.mktemp("ddp")
-    proc = torchrun(work_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return work_dir
+@pytest.fixture
+def two_rank_run(request, tmp_path_factory):
+    """An uninterrupted 2-rank run, launched once per session for every xdist worker."""
+
+    def launch(work_dir: Path) -> None:
+        proc = torchrun(work_dir)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return once_per_session(request, tmp_path_factory, "ddp_two_rank_run", launch)
 
 
 def test_two_ranks_end_with_identical_weights_and_metrics(two_rank_run):
