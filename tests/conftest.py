@@ -3,10 +3,30 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+from hookrun.testing import once_per_session, train_reference
 
 
 @pytest.fixture(autouse=True)
 def _isolated(hookrun_isolated: None, hookrun_one_thread: None) -> None:
     """Installed plugins load only when a test names them. Tiny models train many times
     faster with one thread than with threads fighting over a shared machine's cores."""
+
+
+@pytest.fixture
+def resume_reference(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The resume task's uninterrupted run (the checkpoint plugin keeping best_accuracy.pt
+    too), trained once per session, in this process, for every worker: the reference of the
+    resume and stop-signal tests (the plugin writes files but changes no compared state)."""
+    plugins = {"checkpoint": {"save_best": "accuracy"}}
+    return once_per_session(
+        request,
+        tmp_path_factory,
+        "resume_reference",
+        lambda folder: train_reference(folder, plugins=plugins),
+    )

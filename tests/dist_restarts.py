@@ -1,7 +1,7 @@
 """Run by hand (not collected by pytest): ``torchrun --max-restarts=1 ... --resume auto`` with
 rank 1 SIGKILLed at iteration 7 of the first attempt, repeated; prints how many tries finish
 bit-identical to an uninterrupted run. The suite runs one try
-(``test_torchrun_restart_after_a_killed_rank_finishes_bit_identical``).
+(``test_a_killed_job_resumes_and_a_torchrun_restart_after_a_killed_rank_too``).
 
 Usage: python tests/dist_restarts.py [TRIES]   (default 5; about 40 s a try on 2 cores)
 """

@@ -274,6 +274,7 @@ def test_set_values_are_yaml_and_validated(toy):
 
 
 def test_usage_errors_exit_2_without_traceback(tmp_path):
+    stderr = {}
     for args in (
         ["no-such-command"],
         ["train"],
@@ -283,8 +284,8 @@ def test_usage_errors_exit_2_without_traceback(tmp_path):
         result = run(*args)
         assert result.returncode == 2, (args, result.stderr)
         assert "Traceback" not in result.stderr
-    missing = run("train", tmp_path / "nope.yaml")
-    assert missing.stderr.strip() == f"{tmp_path / 'nope.yaml'}: config file not found"
+        stderr[args[0], len(args)] = result.stderr
+    assert stderr["train", 2].strip() == f"{tmp_path / 'nope.yaml'}: config file not found"
 
 
 def test_every_rank_prints_its_own_error_prefixed(tmp_path):
@@ -316,9 +317,9 @@ def test_train_test_and_resume_exit_codes(toy, tmp_path, capsys):
     checkpoint = work / "checkpoints" / "epoch_2.pt"
     assert checkpoint.is_file()
 
-    again = run("train", toy, "--work-dir", work)
-    assert again.returncode == 2
-    assert "already holds a run" in again.stderr and "--resume auto" in again.stderr
+    code, _, err = run_cli(capsys, "train", toy, "--work-dir", work)  # messages: in-process
+    assert code == 2
+    assert "already holds a run" in err and "--resume auto" in err
 
     more = run(
         "train",
@@ -337,11 +338,11 @@ def test_train_test_and_resume_exit_codes(toy, tmp_path, capsys):
     kept = {p.name for p in (work / "checkpoints").glob("epoch_*.pt")}
     assert "epoch_3.pt" in kept and "epoch_1.pt" not in kept  # the --set max_keep=1 took effect
 
-    evaluated = run("val", toy, "--checkpoint", checkpoint, "--work-dir", work)
-    assert evaluated.returncode == 0, evaluated.stderr
-    assert "accuracy" in evaluated.stdout
-    missing = run("test", toy, "--checkpoint", work / "nope.pt")
-    assert missing.returncode == 2 and "--checkpoint: file not found" in missing.stderr
+    code, out, err = run_cli(capsys, "val", toy, "--checkpoint", checkpoint, "--work-dir", work)
+    assert code == 0, err
+    assert "accuracy" in out
+    code, _, err = run_cli(capsys, "test", toy, "--checkpoint", work / "nope.pt")
+    assert code == 2 and "--checkpoint: file not found" in err
     code, out, err = run_cli(capsys, "test", toy, "--work-dir", work)  # the run's latest
     assert code == 0, err
     assert f"[hookrun] evaluating {work / 'checkpoints' / 'epoch_3.pt'}" in out
@@ -367,13 +368,14 @@ def test_failure_in_user_code_exits_1_with_its_traceback(toy, tmp_path):
     assert "click" not in result.stderr
 
 
-def test_task_returning_wrong_keys_is_a_config_error(toy, tmp_path):
-    result = run(
-        "train", toy, "--work-dir", tmp_path / "run", "--set", "task=toytask.py:wrong_keys"
+def test_task_returning_wrong_keys_is_a_config_error(toy, tmp_path, capsys):
+    work = tmp_path / "run"
+    code, _, err = run_cli(
+        capsys, "train", toy, "--work-dir", work, "--set", "task=toytask.py:wrong_keys"
     )
-    assert result.returncode == 2
-    assert "returned unknown key 'modle' (did you mean 'model'?)" in result.stderr
-    assert "returned no 'model'" in result.stderr
+    assert code == 2
+    assert "returned unknown key 'modle' (did you mean 'model'?)" in err
+    assert "returned no 'model'" in err
 
 
 def test_help_shows_whole_summaries_an_example_and_the_docs(capsys):

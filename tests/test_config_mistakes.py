@@ -7,8 +7,6 @@ from __future__ import annotations
 import copy
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +16,12 @@ import yaml
 
 from hookrun import config as cfg
 from hookrun.errors import ConfigError
-from hookrun.testing import isolated_env, run_cli, write_toy_task
+from hookrun.testing import run_cli, write_toy_task
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits" / "config.yaml"
 
 pytestmark = pytest.mark.usefixtures("hookrun_isolated")
-
-
-def hookrun(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hookrun", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=isolated_env(),
-        cwd=cwd,
-        timeout=300,
-    )
 
 
 def errors_of(config: Path, *overrides: str) -> list[str]:
@@ -343,7 +330,7 @@ def test_a_seeded_fuzz_of_the_example_config_ends_in_lines_or_a_valid_config(
     rng = random.Random(16)
     invalid: list[tuple[Path, list[str]]] = []
     valid: list[Path] = []
-    for i in range(200):
+    for i in range(100):
         path = tmp_path / f"mutant_{i}.yaml"
         mutant = mutate(base, rng, a_file)
         path.write_text(yaml.safe_dump(mutant, allow_unicode=True))
@@ -353,7 +340,7 @@ def test_a_seeded_fuzz_of_the_example_config_ends_in_lines_or_a_valid_config(
             assert head in TOP_KEYS or head in mutant, line
             assert "\n" not in line and "Traceback" not in line
         (invalid.append((path, lines)) if lines else valid.append(path))
-    assert len(invalid) > 120 and len(valid) > 10  # the mutations hit both ways
+    assert len(invalid) > 60 and len(valid) > 8  # the mutations hit both ways (87 and 13)
     assert not (tmp_path / "runs").exists()
 
     # a sample through `hookrun train`: the same lines, exit 2, nothing created
@@ -363,11 +350,11 @@ def test_a_seeded_fuzz_of_the_example_config_ends_in_lines_or_a_valid_config(
     for path, lines in rng.sample(invalid, 4):
         assert run_cli(capsys, "train", path) == (2, "", "".join(f"{x}\n" for x in lines))
     assert not (tmp_path / "runs").exists() and not any(cwd.iterdir())
-    # a valid mutant trains for a tiny budget
+    # a valid mutant trains for a tiny budget (in this process: its exit code is what counts)
     path = rng.choice(valid)
     budget = ("--set", "runner.max_epochs=null", "--set", "runner.max_iters=22")  # > warm-up
-    result = hookrun("train", path, *budget, "--set", "runner.val_interval=22", cwd=cwd)
-    assert result.returncode == 0, (path.read_text(), result.stderr)
+    code, _, err = run_cli(capsys, "train", path, *budget, "--set", "runner.val_interval=22")
+    assert code == 0, (path.read_text(), err)
 
 
 # -- names two distributions register ------------------------------------------------------

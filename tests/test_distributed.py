@@ -19,7 +19,7 @@ from test_resume import assert_identical
 from torch import nn
 
 from hookrun import Runner
-from hookrun.testing import isolated_env
+from hookrun.testing import isolated_env, once_per_session
 
 JOB = Path(__file__).with_name("dist_job.py")
 
@@ -54,12 +54,15 @@ def torchrun(
     )
 
 
-@pytest.fixture(scope="module")
-def two_rank_run(tmp_path_factory):
-    work_dir = tmp_path_factory.mktemp("ddp")
-    proc = torchrun(work_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return work_dir
+@pytest.fixture
+def two_rank_run(request, tmp_path_factory):
+    """An uninterrupted 2-rank run, launched once per session for every xdist worker."""
+
+    def launch(work_dir: Path) -> None:
+        proc = torchrun(work_dir)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return once_per_session(request, tmp_path_factory, "ddp_two_rank_run", launch)
 
 
 def test_two_ranks_end_with_identical_weights_and_metrics(two_rank_run):
@@ -96,16 +99,6 @@ def test_one_set_of_checkpoints_and_one_event_file(two_rank_run):
     assert len(list((two_rank_run / "tensorboard").glob("events.out.tfevents.*"))) == 1
     final = torch.load(two_rank_run / "final.pt", weights_only=True)
     assert final["meta"]["world_size"] == 2 and len(final["rng_ranks"]) == 2
-
-
-def test_sigkill_both_ranks_then_resume_is_bit_identical(two_rank_run, tmp_path):
-    crashed = tmp_path / "crashed"
-    proc = torchrun(crashed, "--kill-at", "7")  # mid-epoch 1, after the iter_6 checkpoint
-    assert proc.returncode != 0
-    assert not (crashed / "final.pt").exists()
-    proc = torchrun(crashed, "--resume")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_identical(two_rank_run / "final.pt", crashed / "final.pt")
 
 
 def test_sigterm_on_one_rank_stops_both_at_one_iteration_and_resumes_exactly(
@@ -265,14 +258,23 @@ def test_slurm_tasks_form_one_job_and_a_subset_sampler_split_stays_split(tmp_pat
         assert rank0["metrics"][key] == pytest.approx(value, rel=1e-6)
 
 
-def test_torchrun_restart_after_a_killed_rank_finishes_bit_identical(two_rank_run, tmp_path):
-    """``torchrun --max-restarts=1 ... --resume auto``: rank 1 is SIGKILLed at iteration 7
-    in the first attempt; the second attempt forms a new group and resumes from iter_6.
-    ``python tests/dist_restarts.py`` repeats this 5 times and prints how many succeed."""
-    work = tmp_path / "restarted"
-    proc = torchrun(work, "--resume", "--first-attempt-kill-at", "7", restarts=1)
+def test_a_killed_job_resumes_and_a_torchrun_restart_after_a_killed_rank_too(
+    two_rank_run, tmp_path
+):
+    """Both ranks SIGKILLed at iteration 7 (mid-epoch 1, after iter_6.pt); the next launch,
+    ``torchrun --max-restarts=1 ... --resume``, resumes from iter_6.pt, and its rank 1 is
+    SIGKILLed at iteration 10 in the first attempt: the second attempt forms a new group,
+    resumes from iter_9.pt and ends bit identical to the uninterrupted run.
+    ``python tests/dist_restarts.py`` repeats a restart 5 times and prints how many succeed."""
+    work = tmp_path / "crashed"
+    proc = torchrun(work, "--kill-at", "7")
+    assert proc.returncode != 0
+    assert not (work / "final.pt").exists()
+    proc = torchrun(work, "--resume", "--first-attempt-kill-at", "10", restarts=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resumed from" in proc.stdout and "iter_6.pt" in proc.stdout
+    resumed = [line for line in proc.stdout.splitlines() if "resumed from" in line]
+    assert len(resumed) == 2, proc.stdout  # rank 0 reports, once per attempt
+    assert "iter_6.pt" in resumed[0] and "iter_9.pt" in resumed[1], resumed
     assert_identical(two_rank_run / "final.pt", work / "final.pt")
 
 

@@ -13,18 +13,9 @@ import pytest
 import torch
 
 from hookrun import Runner, hookimpl
-from hookrun.testing import assert_same_checkpoint, run_resume_job
+from hookrun.testing import assert_same_checkpoint, run_resume_job, train_reference
 
 TERMINATED = -signal.SIGTERM
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted run of the resume task (random augmentation in training and in
-    validation, dropout, AdamW, StepLR)."""
-    work_dir = tmp_path_factory.mktemp("reference")
-    run_resume_job(work_dir, plugins={"checkpoint": {"save_best": "accuracy"}})
-    return work_dir
 
 
 def newest_stop_file(work_dir: Path) -> Path:
@@ -33,7 +24,7 @@ def newest_stop_file(work_dir: Path) -> Path:
 
 
 def test_sigterm_inside_validation_stops_there_and_resumes_exactly(
-    tmp_path: Path, reference: Path
+    tmp_path: Path, resume_reference: Path
 ) -> None:
     """Validation draws random numbers (augmentation): the save must resume by validating
     again from the random state validation started with."""
@@ -52,11 +43,11 @@ def test_sigterm_inside_validation_stops_there_and_resumes_exactly(
     log = (run / "log.jsonl").read_text()
     assert "val/accuracy" not in log  # the pass was cut short: no metrics from half of it
     run_resume_job(run, resume=True, plugins={}, save_every=0)
-    assert_same_checkpoint(reference / "final.pt", run / "final.pt")
+    assert_same_checkpoint(resume_reference / "final.pt", run / "final.pt")
 
 
 def test_ctrl_c_mid_epoch_saves_at_the_boundary_and_resumes_exactly(
-    tmp_path: Path, reference: Path
+    tmp_path: Path, resume_reference: Path
 ) -> None:
     """Ctrl-C used to leave an emergency file one forward pass ahead (BatchNorm's counters,
     random numbers); now it is a stop signal like SIGTERM: the process ends by SIGINT."""
@@ -71,24 +62,24 @@ def test_ctrl_c_mid_epoch_saves_at_the_boundary_and_resumes_exactly(
     )
     assert (run / "checkpoints" / "latest").read_text().strip() == "iter_10.pt"
     run_resume_job(run, resume=True, plugins=plugins, save_every=0)
-    assert_same_checkpoint(reference / "final.pt", run / "final.pt")
+    assert_same_checkpoint(resume_reference / "final.pt", run / "final.pt")
 
 
 def test_a_stop_inside_an_accumulation_group_waits_for_its_end(tmp_path: Path) -> None:
     """Partial gradients are not saved, so the stop comes at the group's last batch (7
     batches per epoch, groups of 3: the signal after iteration 11 stops after iteration 13)."""
     options: dict[str, Any] = {"plugins": {}, "save_every": 0, "grad_accum": 3}
-    run_resume_job(tmp_path / "reference", **options)
+    reference = train_reference(tmp_path / "reference", **options)
     run = tmp_path / "run"
     signal_at = {"hook": "after_train_iter", "iters": 11}
     run_resume_job(run, expect=TERMINATED, signal_at=signal_at, **options)
     assert (run / "checkpoints" / "stop_iter_13.pt").is_file()
     run_resume_job(run, resume=True, **options)
-    assert_same_checkpoint(tmp_path / "reference" / "final.pt", run / "final.pt")
+    assert_same_checkpoint(reference, run / "final.pt")
 
 
 def test_checkpoint_plugin_reuses_the_periodic_file_of_the_same_position(
-    tmp_path: Path, reference: Path
+    tmp_path: Path, resume_reference: Path
 ) -> None:
     run = tmp_path / "run"
     proc = run_resume_job(
@@ -102,13 +93,13 @@ def test_checkpoint_plugin_reuses_the_periodic_file_of_the_same_position(
     assert sorted(p.name for p in out.iterdir()) == ["epoch_1.pt", "epoch_2.pt", "latest"]
     assert f"SIGTERM received: saved {out / 'epoch_2.pt'}; stopping" in proc.stdout
     run_resume_job(run, resume=True, plugins={"checkpoint": {}}, save_every=0)
-    assert_same_checkpoint(reference / "final.pt", run / "final.pt")
+    assert_same_checkpoint(resume_reference / "final.pt", run / "final.pt")
 
 
-def test_resume_from_a_best_checkpoint_is_exact(tmp_path: Path, reference: Path) -> None:
+def test_resume_from_a_best_checkpoint_is_exact(tmp_path: Path, resume_reference: Path) -> None:
     """best_accuracy.pt is saved after validation drew its random numbers; it resumes after
     that validation, not by running it again."""
-    best = reference / "checkpoints" / "best_accuracy.pt"
+    best = resume_reference / "checkpoints" / "best_accuracy.pt"
     state = torch.load(best, weights_only=True)
     assert state["loop"]["phase"] == "validated"
     run = tmp_path / "run"
@@ -116,14 +107,14 @@ def test_resume_from_a_best_checkpoint_is_exact(tmp_path: Path, reference: Path)
     shutil.copy(best, run / "checkpoints" / "best_accuracy.pt")
     plugins = {"checkpoint": {"save_best": "accuracy"}}
     run_resume_job(run, resume=True, plugins=plugins, save_every=0)
-    assert_same_checkpoint(reference / "final.pt", run / "final.pt")
+    assert_same_checkpoint(resume_reference / "final.pt", run / "final.pt")
 
 
 def test_group_sigterm_with_loader_workers_is_a_preemption(tmp_path: Path) -> None:
     """SLURM and torchrun signal the whole process group: the workers must not die first
     and fail the run; the main process saves and ends by SIGTERM (exit 143)."""
     options: dict[str, Any] = {"plugins": {"checkpoint": {}}, "workers": 2, "save_every": 0}
-    run_resume_job(tmp_path / "reference", **options)
+    reference = train_reference(tmp_path / "reference", **options)
     run = tmp_path / "run"
     proc = run_resume_job(
         run,
@@ -134,7 +125,7 @@ def test_group_sigterm_with_loader_workers_is_a_preemption(tmp_path: Path) -> No
     assert "killed by signal" not in proc.stderr
     assert f"SIGTERM received: saved {run / 'checkpoints' / 'iter_10.pt'}" in proc.stdout
     run_resume_job(run, resume=True, **options)
-    assert_same_checkpoint(tmp_path / "reference" / "final.pt", run / "final.pt")
+    assert_same_checkpoint(reference, run / "final.pt")
 
 
 class Interrupt:

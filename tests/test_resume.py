@@ -3,6 +3,7 @@ kill-and-resume harness of ``hookrun.testing``)."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from hookrun.errors import CheckpointMismatchError
 from hookrun.testing import (
     assert_same_checkpoint,
     check_kill_and_resume,
-    resume_job,
+    once_per_session,
     run_resume_job,
     toy_runner_kwargs,
 )
@@ -25,24 +26,30 @@ assert_identical = assert_same_checkpoint  # the name tests/test_distributed.py 
 # 2 iterations and epoch_<n>.pt at each epoch end.
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The uninterrupted run's final.pt, trained in this process (the same code as the
-    subprocesses; saves a torch start-up) and shared by the tests with no loader workers."""
-    work_dir = tmp_path_factory.mktemp("reference")
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HOOKRUN_PLUGINS_AUTOLOAD", "0")
-        resume_job(work_dir)
-    torch.set_num_threads(threads)
-    return work_dir / "final.pt"
+@pytest.fixture
+def reference(resume_reference: Path) -> Path:
+    """The uninterrupted run's final.pt (conftest's, shared with test_lifecycle.py)."""
+    return resume_reference / "final.pt"
 
 
-def test_sigkill_mid_epoch_then_resume_auto_is_bit_identical(tmp_path, reference):
-    # killed as iteration 11 (mid-epoch 1) starts, just after iter_10.pt was written (loader
-    # workers, whose augmentation RNGs must be restored too: test_kill_chains.py)
-    crashed = check_kill_and_resume(tmp_path, kill_at=11, reference=reference)
+@pytest.fixture
+def killed_at_11(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run SIGKILLed as iteration 11 (mid-epoch 1) starts, just after iter_10.pt was
+    written; once per session: each test resumes its own copy."""
+
+    def kill(folder: Path) -> None:
+        run_resume_job(folder, expect=-signal.SIGKILL, kill_at=11)
+        assert not (folder / "final.pt").exists()
+
+    return once_per_session(request, tmp_path_factory, "killed_at_11", kill)
+
+
+def test_sigkill_mid_epoch_then_resume_auto_is_bit_identical(tmp_path, reference, killed_at_11):
+    # loader workers, whose augmentation RNGs must be restored too: test_kill_chains.py
+    crashed = shutil.copytree(killed_at_11, tmp_path / "crashed")
     assert (crashed / "checkpoints" / "iter_10.pt").exists()
+    run_resume_job(crashed, resume=True)
+    assert_same_checkpoint(reference, crashed / "final.pt")
 
 
 def test_kill_between_checkpoints_resumes_from_the_last_one(tmp_path, reference):
@@ -60,13 +67,14 @@ def test_checkpoint_loads_with_weights_only(reference):
     assert set(checkpoint["rng"]) >= {"python", "numpy", "torch", "cuda"}
 
 
-def test_truncated_newest_checkpoint_is_named_and_skipped(tmp_path):
-    run_resume_job(tmp_path, expect=-signal.SIGKILL, kill_at=11)
-    newest = tmp_path / "checkpoints" / "iter_10.pt"
+def test_truncated_newest_checkpoint_is_named_and_skipped(tmp_path, reference, killed_at_11):
+    crashed = shutil.copytree(killed_at_11, tmp_path / "crashed")
+    newest = crashed / "checkpoints" / "iter_10.pt"
     newest.write_bytes(newest.read_bytes()[:1000])
-    proc = run_resume_job(tmp_path, resume=True)
+    proc = run_resume_job(crashed, resume=True)
     assert f"skipping checkpoint {newest}: cannot be loaded" in proc.stdout
     assert "resumed from" in proc.stdout and "iter_8.pt" in proc.stdout
+    assert_same_checkpoint(reference, crashed / "final.pt")  # from iter_8.pt, as exactly
 
 
 def test_resume_from_missing_path_is_a_clear_error(tmp_path):

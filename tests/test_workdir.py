@@ -19,7 +19,7 @@ import pytest
 from hookrun import config as cfg
 from hookrun import launch, workdir
 from hookrun.errors import HookrunError
-from hookrun.testing import isolated_env, write_toy_task
+from hookrun.testing import isolated_env, run_cli, write_toy_task
 from hookrun.writers import JsonlWriter, TensorBoardWriter
 
 
@@ -241,10 +241,10 @@ def test_failed_start_leftovers_judges_logs_event_files_and_checkpoints(tmp_path
 # -- a finished run ------------------------------------------------------------------------
 
 
-def test_resume_auto_on_a_finished_run_changes_nothing(toy, tmp_path):
+def test_resume_auto_on_a_finished_run_changes_nothing(toy, tmp_path, capsys):
     work = tmp_path / "run"
-    first = hookrun("train", toy, "--work-dir", work)
-    assert first.returncode == 0, first.stderr
+    code, _, err = run_cli(capsys, "train", toy, "--work-dir", work)  # in-process: a setup
+    assert code == 0, err
     assert (work / workdir.FINISHED_NAME).is_file()
     before = snapshot(work)
     lines = len((work / "log.jsonl").read_text().splitlines())

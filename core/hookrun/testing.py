@@ -642,6 +642,23 @@ def resume_job(
     return runner
 
 
+def train_reference(work_dir: str | Path, **options: Any) -> Path:
+    """:func:`resume_job` never interrupted, in this process: the code the harness's
+    subprocesses run, without their second of torch start-up; returns its ``final.pt``.
+    Only named plugins load; the intra-op thread count is restored afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("HOOKRUN_PLUGINS_AUTOLOAD", "0")
+            patch.delenv("HOOKRUN_DISABLE_PLUGINS", raising=False)
+            resume_job(work_dir, **options)
+    finally:
+        torch.set_num_threads(threads)
+    return Path(work_dir) / "final.pt"
+
+
 def run_job(
     command: Iterable[str | Path],
     expect: int = 0,
@@ -762,13 +779,12 @@ def check_kill_and_resume(
     (:func:`assert_same_checkpoint`; ``exact_plugins`` also compare whole plugin states).
 
     ``options`` go to :func:`resume_job` (``plugins``, ``workers``, ``save_every``, ...);
-    ``reference`` is an uninterrupted run's ``final.pt`` (run here when not given). Returns
-    the resumed run's work dir.
+    ``reference`` is an uninterrupted run's ``final.pt`` (trained in this process by
+    :func:`train_reference` when not given). Returns the resumed run's work dir.
     """
     tmp_path = Path(tmp_path)
     if reference is None:
-        run_resume_job(tmp_path / "reference", **options)
-        reference = tmp_path / "reference" / "final.pt"
+        reference = train_reference(tmp_path / "reference", **options)
     crashed = tmp_path / "crashed"
     kills = [kill_at] if isinstance(kill_at, int) else list(kill_at)
     for number, kill in enumerate(kills):
