@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hookrun.arguments import RunnerArguments, error_lines
 from hookrun.errors import ConfigError, HookrunError, validation_lines
-from hookrun.optimizers import OptimizerConfig, SchedulerConfig
+from hookrun.optimizers import OptimizerConfig, SchedulerConfig, schedule_errors
 from hookrun.schema import schema, settings_rows
 from hookrun.task import (
     check_task,
@@ -197,7 +197,7 @@ def validate(raw: dict[str, Any], path: Path) -> list[str]:
         errors += work_dir_errors(config.runner.work_dir)
     errors += _interval_errors(raw.get("scheduler"), runner)
     if config is not None and config.scheduler is not None:
-        errors += _warmup_errors(config.scheduler, config.runner)
+        errors += schedule_errors(raw["scheduler"], config.runner.model_dump())
     if "optimizer" in raw:
         from hookrun.optimizers import optimizer_errors
 
@@ -263,21 +263,6 @@ def _interval_errors(scheduler: Any, runner: dict[str, Any]) -> list[str]:
             f"scheduler.interval: {own!r} contradicts runner.scheduler_interval {other!r}; "
             "keep one of them"
         ]
-    return []
-
-
-def _warmup_errors(scheduler: SchedulerConfig, runner: RunnerConfig) -> list[str]:
-    """A warm-up as long as the run, where the config alone tells (in the run's own unit)."""
-    warmup = scheduler.warmup
-    if warmup is None:
-        return []
-    if warmup.epochs is not None and runner.max_iters is None:
-        epochs = runner.max_epochs or 10
-        if warmup.epochs >= epochs:
-            return [f"scheduler.warmup.epochs: {warmup.epochs} is the whole run ({epochs} epochs)"]
-    last = runner.max_iters
-    if warmup.iters is not None and last is not None and warmup.iters >= last:
-        return [f"scheduler.warmup.iters: {warmup.iters} is the whole run ({last} iterations)"]
     return []
 
 
