@@ -425,7 +425,13 @@ def config_group() -> None:
 @set_option
 def config_validate(config: Path, overrides: Sequence[str]) -> None:
     """Check CONFIG (and overrides) without training: exit 0 when valid, otherwise 2 with
-    one line per error."""
+    one line per error.
+
+    Checks everything the config alone decides, with the lines train gives. What needs
+    the task is train's to check: its return value, a warm-up against a run length that
+    depends on the train_dataloader's batches an epoch, the main scheduler's values on the
+    task's optimizer.
+    """
     from hookrun import config as cfg
 
     loaded = cfg.load(config, overrides)
