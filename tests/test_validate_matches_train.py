@@ -43,6 +43,14 @@ CASES = {
         ["runner.max_epochs=null", "runner.max_iters=6", "scheduler.warmup.iters=6"],
         "scheduler.warmup.iters: 6 warm-up iterations leave nothing of the run's 6 iterations",
     ),
+    "fp16-on-cpu": (
+        ["runner.amp=fp16"],
+        "runner.amp: 'fp16' needs a CUDA device; use 'bf16' on CPU",
+    ),
+    "sync-bn-on-cpu": (
+        ["runner.sync_bn=true"],
+        "runner.sync_bn: SyncBatchNorm needs CUDA (device is cpu)",
+    ),
 }
 
 

@@ -427,10 +427,11 @@ def config_validate(config: Path, overrides: Sequence[str]) -> None:
     """Check CONFIG (and overrides) without training: exit 0 when valid, otherwise 2 with
     one line per error.
 
-    Checks everything the config alone decides, with the lines train gives. What needs
-    the task is train's to check: its return value, a warm-up against a run length that
-    depends on the train_dataloader's batches an epoch, the main scheduler's values on the
-    task's optimizer.
+    Checks everything the config alone decides (on this machine: devices), with the
+    lines train gives. What needs the task or the launch is train's to check: the task's
+    return value, a warm-up against a run length that depends on the train_dataloader's
+    batches an epoch, the main scheduler's values on the task's optimizer, strategy fsdp
+    in a single process, a work dir already holding a run.
     """
     from hookrun import config as cfg
 

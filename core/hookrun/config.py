@@ -193,7 +193,7 @@ def validate(raw: dict[str, Any], path: Path) -> list[str]:
         errors += writer_errors(runner["writers"])
     runner = runner if isinstance(runner, dict) else {}
     if config is not None:
-        errors += device_errors(config.runner.device)
+        errors += device_errors(config.runner)
         errors += work_dir_errors(config.runner.work_dir)
     errors += _interval_errors(raw.get("scheduler"), runner)
     if config is not None and config.scheduler is not None:
@@ -212,18 +212,20 @@ def validate(raw: dict[str, Any], path: Path) -> list[str]:
     return errors if errors or config is not None else ["config: invalid"]
 
 
-def device_errors(device: str) -> list[str]:
-    """A device that is not here (``cuda`` without CUDA, an index beyond the GPUs, ``meta``);
-    torch is imported only for a device other than ``auto`` and ``cpu``."""
-    if device in ("auto", "cpu"):
+def device_errors(runner: RunnerConfig) -> list[str]:
+    """A device that is not here (``cuda`` without CUDA, an index beyond the GPUs, ``meta``)
+    and what the device cannot serve (``amp: fp16``, ``sync_bn`` without CUDA), as the
+    Runner finds them; torch is imported only for a device other than ``auto`` and ``cpu``
+    or for one of those settings."""
+    if runner.device in ("auto", "cpu") and runner.amp != "fp16" and not runner.sync_bn:
         return []
-    from hookrun.arguments import resolve_device
+    from hookrun.arguments import device_feature_errors, resolve_device
 
     try:
-        resolve_device(device, int(os.environ.get("LOCAL_RANK", "0") or 0))
+        device = resolve_device(runner.device, int(os.environ.get("LOCAL_RANK", "0") or 0))
     except ConfigError as exc:
         return exc.lines
-    return []
+    return device_feature_errors(runner.amp, runner.sync_bn, runner.strategy, device)
 
 
 def work_dir_errors(work_dir: str) -> list[str]:
