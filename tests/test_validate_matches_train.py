@@ -1,15 +1,14 @@
 """``hookrun config validate`` refuses what ``hookrun train`` refuses from the config alone,
-with the same line and exit code 2; what needs the task (batches an epoch) only ``train``
-can tell, and ``validate --help`` says so."""
+with the same line and exit code 2; what needs the task (batches an epoch, the model's
+parameter groups) only ``train`` can tell, and ``validate --help`` says so. Both commands run
+through the CLI's ``main`` in this process (``run_cli``); test_cli checks their exit codes
+in real processes."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from hookrun.testing import isolated_env, run_cli, write_toy_task
+from hookrun.testing import run_cli, write_toy_task
 
 pytestmark = pytest.mark.usefixtures("hookrun_isolated")
 
@@ -43,6 +42,15 @@ CASES = {
         ["runner.max_epochs=null", "runner.max_iters=6", "scheduler.warmup.iters=6"],
         "scheduler.warmup.iters: 6 warm-up iterations leave nothing of the run's 6 iterations",
     ),
+    "main-values": (
+        ["scheduler.main.milestones=5"],
+        "scheduler.main: MultiStepLR refuses these values: 'int' object is not iterable",
+    ),
+    "main-values-with-auto": (
+        ["scheduler.main={type: OneCycleLR, max_lr: 0.2, total_steps: auto, pct_start: 2}"],
+        "scheduler.main: OneCycleLR refuses these values: Expected float between 0 and 1 "
+        "pct_start, but got 2",
+    ),
     "fp16-on-cpu": (
         ["runner.amp=fp16"],
         "runner.amp: 'fp16' needs a CUDA device; use 'bf16' on CPU",
@@ -71,30 +79,6 @@ def test_validate_refuses_what_train_refuses_with_the_same_line(tmp_path, capsys
     assert not work.exists()  # nothing created
 
 
-def test_both_commands_exit_2_in_real_processes(tmp_path):
-    config = write_toy_task(tmp_path, SCHEDULED)
-    lines = []
-    for command in (["config", "validate"], ["train", "--work-dir", str(tmp_path / "run")]):
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hookrun",
-                *command,
-                str(config),
-                "--set",
-                "scheduler.interval=epoch",
-            ],
-            env=isolated_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 2, proc.stderr
-        lines.append(proc.stderr.splitlines()[-1])
-    assert lines[0] == lines[1] == CASES["iters-under-epoch"][1]
-
-
 def test_what_needs_the_task_is_trains_and_the_help_says_so(tmp_path, capsys):
     # 3 epochs of 4 batches: a warm-up of 12 steps is the whole run, which only the task's
     # train_dataloader tells
@@ -114,3 +98,18 @@ def test_what_needs_the_task_is_trains_and_the_help_says_so(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "config", "validate", "--help")
     assert code == 0
     assert "batches an epoch" in " ".join(out.split())
+
+
+def test_a_per_group_list_is_checked_against_the_models_groups_by_train(tmp_path, capsys):
+    one_cycle = "scheduler.main={type: OneCycleLR, max_lr: [0.1, 0.2], total_steps: auto}"
+    config = write_toy_task(tmp_path, SCHEDULED)
+    code, out, _ = run_cli(capsys, "config", "validate", config, "--set", one_cycle)
+    assert code == 0 and "valid" in out
+    code, _, err = run_cli(
+        capsys, "train", config, "--work-dir", tmp_path / "run", "--set", one_cycle
+    )
+    assert code == 2
+    assert err.splitlines()[-1].startswith(
+        "scheduler.main: OneCycleLR refuses these values: max_lr must have the same length "
+        "as optimizer.param_groups. max_lr has 2 values, param_groups has 1"
+    )

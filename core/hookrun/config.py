@@ -18,7 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hookrun.arguments import RunnerArguments, error_lines
 from hookrun.errors import ConfigError, HookrunError, validation_lines
-from hookrun.optimizers import OptimizerConfig, SchedulerConfig, schedule_errors
+from hookrun.optimizers import (
+    OptimizerConfig,
+    SchedulerConfig,
+    optimizer_errors,
+    schedule_errors,
+    scheduler_errors,
+)
 from hookrun.schema import schema, settings_rows
 from hookrun.task import (
     check_task,
@@ -196,16 +202,13 @@ def validate(raw: dict[str, Any], path: Path) -> list[str]:
         errors += device_errors(config.runner)
         errors += work_dir_errors(config.runner.work_dir)
     errors += _interval_errors(raw.get("scheduler"), runner)
+    optimizer = optimizer_errors(raw["optimizer"]) if "optimizer" in raw else []
+    scheduler = scheduler_errors(raw["scheduler"]) if "scheduler" in raw else []
     if config is not None and config.scheduler is not None:
-        errors += schedule_errors(raw["scheduler"], config.runner.model_dump())
-    if "optimizer" in raw:
-        from hookrun.optimizers import optimizer_errors
-
-        errors += optimizer_errors(raw["optimizer"])
-    if "scheduler" in raw:
-        from hookrun.optimizers import scheduler_errors
-
-        errors += scheduler_errors(raw["scheduler"])
+        tried = not optimizer and not scheduler and config.optimizer is not None
+        declared = raw["optimizer"] if tried else None  # the throwaway optimizer's section
+        errors += schedule_errors(raw["scheduler"], config.runner.model_dump(), declared)
+    errors += optimizer + scheduler
     plugins = raw.get("plugins")
     if isinstance(plugins, dict):
         errors += check_plugins(plugins)

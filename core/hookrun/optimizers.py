@@ -306,30 +306,56 @@ def build_scheduler(
         raise ConfigError(
             f"scheduler.warmup: {warm} warm-up steps leave nothing of the run's {total} {unit}"
         )
-    keywords = {k: v for k, v in config.main.items() if k != "type"}
-    keywords = {k: (total - warm if v == "auto" else v) for k, v in keywords.items()}
-    cls = find_class(str(config.main["type"]), "torch.optim.lr_scheduler")
-    try:
-        main = cls(optimizer, **keywords)
-    except Exception as exc:
-        message = f"scheduler.main: {cls.__name__} refuses these values: {_one_line(exc)}"
-        raise ConfigError(message) from None
+    main = build_main(optimizer, config.main, total - warm)
     if not warm:
         return main
     warmup = LinearLR(optimizer, start_factor=config.warmup.start_factor, total_iters=warm)  # type: ignore[union-attr]
     return SequentialLR(optimizer, [warmup, main], milestones=[warm])
 
 
-def schedule_errors(section: Mapping[str, Any], runner: Mapping[str, Any]) -> list[str]:
+def build_main(optimizer: torch.optim.Optimizer, main: Mapping[str, Any], auto: int) -> Any:
+    """The main scheduler over ``optimizer``, ``auto`` lengths filled with ``auto``; torch's
+    refusal of a value is one config line."""
+    keywords = {k: (auto if v == "auto" else v) for k, v in main.items() if k != "type"}
+    cls = find_class(str(main["type"]), "torch.optim.lr_scheduler")
+    try:
+        return cls(optimizer, **keywords)
+    except Exception as exc:
+        message = f"scheduler.main: {cls.__name__} refuses these values: {_one_line(exc)}"
+        raise ConfigError(message) from None
+
+
+def schedule_errors(
+    section: Mapping[str, Any],
+    runner: Mapping[str, Any],
+    optimizer: Mapping[str, Any] | None,
+) -> list[str]:
     """What :func:`build_scheduler` refuses that the config alone decides, for ``hookrun
-    config validate``: the same line from the same check (:func:`warmup_problem`). The rest
-    needs the task: batches an epoch, the optimizer's parameter groups."""
+    config validate``, with the same lines from the same checks: the warm-up
+    (:func:`warmup_problem`), and with a declared (and valid) ``optimizer`` section the main
+    scheduler's values on a throwaway one (:func:`build_main`). Its groups are as many as the
+    longest list among the keywords, so a per-group list passes here: whether it fits the
+    model's groups, and the warm-up against a length in batches, the task tells."""
     config = SchedulerConfig.model_validate(section)
     interval = schedule_interval(section, runner)
     max_iters = runner.get("max_iters")
     epochs = None if max_iters is not None else runner.get("max_epochs") or 10
     problem = warmup_problem(config.warmup, interval, epochs, max_iters)
-    return [problem] if problem else []
+    if problem:
+        return [problem]
+    if optimizer is None:
+        return []  # the task's optimizer: its class and groups are the task's
+    import torch
+
+    lists = [len(v) for v in config.main.values() if isinstance(v, (list, tuple))]
+    groups = [{"params": [torch.zeros(1, requires_grad=True)]} for _ in range(max(lists or [1]))]
+    options = {k: v for k, v in optimizer.items() if k not in OptimizerConfig.model_fields}
+    throwaway = find_class(str(optimizer["type"]), "torch.optim")(groups, **options)
+    try:  # any length the run gives ``auto`` is at least 1, which torch's checks take alike
+        build_main(throwaway, config.main, 1)
+    except ConfigError as exc:
+        return exc.lines
+    return []
 
 
 def warmup_problem(
