@@ -430,8 +430,8 @@ def config_validate(config: Path, overrides: Sequence[str]) -> None:
     Checks everything the config alone decides (on this machine: devices), with the
     lines train gives. What needs the task or the launch is train's to check: the task's
     return value, a warm-up against a run length that depends on the train_dataloader's
-    batches an epoch, the main scheduler's values on the task's optimizer, strategy fsdp
-    in a single process, a work dir already holding a run.
+    batches an epoch, the scheduler's values against the task's optimizer or the model's
+    parameter groups, strategy fsdp in a single process, a work dir already holding a run.
     """
     from hookrun import config as cfg
 
