@@ -306,6 +306,21 @@ def resolve_device(device: str | torch.device, local_rank: int) -> torch.device:
     return resolved
 
 
+def device_feature_errors(
+    amp: str | None, sync_bn: bool, strategy: str, device: torch.device
+) -> list[str]:
+    """Settings the run's device cannot serve, whatever the task: the Runner refuses them
+    and ``config validate`` reports them, with these lines."""
+    errors = []
+    if amp == "fp16" and device.type != "cuda":
+        errors.append("runner.amp: 'fp16' needs a CUDA device; use 'bf16' on CPU")
+    elif amp == "fp16" and strategy == "fsdp":
+        errors.append("runner.amp: 'fp16' is not supported with strategy fsdp; use 'bf16'")
+    if sync_bn and device.type != "cuda":
+        errors.append(f"runner.sync_bn: SyncBatchNorm needs CUDA (device is {device})")
+    return errors
+
+
 def _missing(device: torch.device) -> str | None:
     """Why ``device`` cannot hold this run, or None."""
     import torch

@@ -14,7 +14,7 @@ import re
 import secrets
 import shutil
 import warnings
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -329,6 +329,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 SAFE_SCALARS = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+SAFE_MAPPINGS = (dict, OrderedDict, Counter)
+"""Mappings the weights-only loader rebuilds as themselves: ``Counter`` holds the milestones
+of a ``MultiStepLR`` (also nested in ``SequentialLR``/``ChainedScheduler`` states)."""
 
 
 def unsafe_value(obj: Any, where: str = "checkpoint") -> str | None:
@@ -337,7 +340,7 @@ def unsafe_value(obj: Any, where: str = "checkpoint") -> str | None:
         return None
     if type(obj) in (list, tuple):
         items: Any = enumerate(obj)
-    elif type(obj) in (dict, OrderedDict):
+    elif type(obj) in SAFE_MAPPINGS:
         items = obj.items()
         for key in obj:
             if not isinstance(key, (str, int)):

@@ -425,7 +425,14 @@ def config_group() -> None:
 @set_option
 def config_validate(config: Path, overrides: Sequence[str]) -> None:
     """Check CONFIG (and overrides) without training: exit 0 when valid, otherwise 2 with
-    one line per error."""
+    one line per error.
+
+    Checks everything the config alone decides (on this machine: devices), with the
+    lines train gives. What needs the task or the launch is train's to check: the task's
+    return value, a warm-up against a run length that depends on the train_dataloader's
+    batches an epoch, the scheduler's values against the task's optimizer or the model's
+    parameter groups, strategy fsdp in a single process, a work dir already holding a run.
+    """
     from hookrun import config as cfg
 
     loaded = cfg.load(config, overrides)

@@ -18,7 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hookrun.arguments import RunnerArguments, error_lines
 from hookrun.errors import ConfigError, HookrunError, validation_lines
-from hookrun.optimizers import OptimizerConfig, SchedulerConfig
+from hookrun.optimizers import (
+    OptimizerConfig,
+    SchedulerConfig,
+    optimizer_errors,
+    schedule_errors,
+    scheduler_errors,
+)
 from hookrun.schema import schema, settings_rows
 from hookrun.task import (
     check_task,
@@ -193,37 +199,36 @@ def validate(raw: dict[str, Any], path: Path) -> list[str]:
         errors += writer_errors(runner["writers"])
     runner = runner if isinstance(runner, dict) else {}
     if config is not None:
-        errors += device_errors(config.runner.device)
+        errors += device_errors(config.runner)
         errors += work_dir_errors(config.runner.work_dir)
     errors += _interval_errors(raw.get("scheduler"), runner)
+    optimizer = optimizer_errors(raw["optimizer"]) if "optimizer" in raw else []
+    scheduler = scheduler_errors(raw["scheduler"]) if "scheduler" in raw else []
     if config is not None and config.scheduler is not None:
-        errors += _warmup_errors(config.scheduler, config.runner)
-    if "optimizer" in raw:
-        from hookrun.optimizers import optimizer_errors
-
-        errors += optimizer_errors(raw["optimizer"])
-    if "scheduler" in raw:
-        from hookrun.optimizers import scheduler_errors
-
-        errors += scheduler_errors(raw["scheduler"])
+        tried = not optimizer and not scheduler and config.optimizer is not None
+        declared = raw["optimizer"] if tried else None  # the throwaway optimizer's section
+        errors += schedule_errors(raw["scheduler"], config.runner.model_dump(), declared)
+    errors += optimizer + scheduler
     plugins = raw.get("plugins")
     if isinstance(plugins, dict):
         errors += check_plugins(plugins)
     return errors if errors or config is not None else ["config: invalid"]
 
 
-def device_errors(device: str) -> list[str]:
-    """A device that is not here (``cuda`` without CUDA, an index beyond the GPUs, ``meta``);
-    torch is imported only for a device other than ``auto`` and ``cpu``."""
-    if device in ("auto", "cpu"):
+def device_errors(runner: RunnerConfig) -> list[str]:
+    """A device that is not here (``cuda`` without CUDA, an index beyond the GPUs, ``meta``)
+    and what the device cannot serve (``amp: fp16``, ``sync_bn`` without CUDA), as the
+    Runner finds them; torch is imported only for a device other than ``auto`` and ``cpu``
+    or for one of those settings."""
+    if runner.device in ("auto", "cpu") and runner.amp != "fp16" and not runner.sync_bn:
         return []
-    from hookrun.arguments import resolve_device
+    from hookrun.arguments import device_feature_errors, resolve_device
 
     try:
-        resolve_device(device, int(os.environ.get("LOCAL_RANK", "0") or 0))
+        device = resolve_device(runner.device, int(os.environ.get("LOCAL_RANK", "0") or 0))
     except ConfigError as exc:
         return exc.lines
-    return []
+    return device_feature_errors(runner.amp, runner.sync_bn, runner.strategy, device)
 
 
 def work_dir_errors(work_dir: str) -> list[str]:
@@ -263,21 +268,6 @@ def _interval_errors(scheduler: Any, runner: dict[str, Any]) -> list[str]:
             f"scheduler.interval: {own!r} contradicts runner.scheduler_interval {other!r}; "
             "keep one of them"
         ]
-    return []
-
-
-def _warmup_errors(scheduler: SchedulerConfig, runner: RunnerConfig) -> list[str]:
-    """A warm-up as long as the run, where the config alone tells (in the run's own unit)."""
-    warmup = scheduler.warmup
-    if warmup is None:
-        return []
-    if warmup.epochs is not None and runner.max_iters is None:
-        epochs = runner.max_epochs or 10
-        if warmup.epochs >= epochs:
-            return [f"scheduler.warmup.epochs: {warmup.epochs} is the whole run ({epochs} epochs)"]
-    last = runner.max_iters
-    if warmup.iters is not None and last is not None and warmup.iters >= last:
-        return [f"scheduler.warmup.iters: {warmup.iters} is the whole run ({last} iterations)"]
     return []
 
 

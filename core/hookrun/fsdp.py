@@ -40,8 +40,6 @@ def shard_model(
     )
 
     settings = settings or FsdpSettings.model_validate({})
-    if amp == "fp16":
-        raise ConfigError("runner.amp: 'fp16' is not supported with strategy fsdp; use 'bf16'")
     units = units_to_shard(model, settings)
     names = {id(p): name for name, p in model.named_parameters()}
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))

@@ -267,6 +267,7 @@ class RunLength:
     epochs: int
     optimizer_steps_per_epoch: int
     optimizer_steps: int
+    max_iters: int | None = None  # the run's own limit, when it is one of iterations
 
     def steps(self, interval: str) -> int:
         return self.optimizer_steps if interval == "iter" else self.epochs
@@ -283,7 +284,7 @@ def run_length(
         return RunLength(epochs, per_epoch, epochs * per_epoch)
     full, rest = divmod(max_iters, batches_per_epoch)
     steps = full * per_epoch + rest // grad_accum
-    return RunLength(full + (1 if rest else 0), per_epoch, steps)
+    return RunLength(full + (1 if rest else 0), per_epoch, steps, max_iters)
 
 
 def build_scheduler(
@@ -294,36 +295,102 @@ def build_scheduler(
     from torch.optim.lr_scheduler import LinearLR, SequentialLR
 
     config = SchedulerConfig.model_validate(section)
-    warm = 0
-    if config.warmup is not None:
-        if config.warmup.epochs is not None:
-            per = length.optimizer_steps_per_epoch if interval == "iter" else 1
-            warm = config.warmup.epochs * per
-        elif interval == "epoch":
-            raise ConfigError(
-                "scheduler.warmup.iters: an epoch-wise schedule warms up in epochs "
-                "(use warmup.epochs, or interval: iter)"
-            )
-        else:
-            warm = int(config.warmup.iters or 0)
+    epochs = None if length.max_iters is not None else length.epochs
+    problem = warmup_problem(config.warmup, interval, epochs, length.max_iters)
+    if problem:
+        raise ConfigError(problem)
+    warm = warmup_steps(config.warmup, interval, length)
     total = length.steps(interval)
     if warm >= total:
+        unit = "optimizer steps" if interval == "iter" else "epochs"
         raise ConfigError(
-            f"scheduler.warmup: {warm} warm-up steps leave nothing of the run's {total} "
-            f"{'optimizer steps' if interval == 'iter' else 'epochs'}"
+            f"scheduler.warmup: {warm} warm-up steps leave nothing of the run's {total} {unit}"
         )
-    keywords = {k: v for k, v in config.main.items() if k != "type"}
-    keywords = {k: (total - warm if v == "auto" else v) for k, v in keywords.items()}
-    cls = find_class(str(config.main["type"]), "torch.optim.lr_scheduler")
-    try:
-        main = cls(optimizer, **keywords)
-    except Exception as exc:
-        message = f"scheduler.main: {cls.__name__} refuses these values: {_one_line(exc)}"
-        raise ConfigError(message) from None
+    main = build_main(optimizer, config.main, total - warm)
     if not warm:
         return main
     warmup = LinearLR(optimizer, start_factor=config.warmup.start_factor, total_iters=warm)  # type: ignore[union-attr]
     return SequentialLR(optimizer, [warmup, main], milestones=[warm])
+
+
+def build_main(optimizer: torch.optim.Optimizer, main: Mapping[str, Any], auto: int) -> Any:
+    """The main scheduler over ``optimizer``, ``auto`` lengths filled with ``auto``; torch's
+    refusal of a value is one config line."""
+    keywords = {k: (auto if v == "auto" else v) for k, v in main.items() if k != "type"}
+    cls = find_class(str(main["type"]), "torch.optim.lr_scheduler")
+    try:
+        return cls(optimizer, **keywords)
+    except Exception as exc:
+        message = f"scheduler.main: {cls.__name__} refuses these values: {_one_line(exc)}"
+        raise ConfigError(message) from None
+
+
+def schedule_errors(
+    section: Mapping[str, Any],
+    runner: Mapping[str, Any],
+    optimizer: Mapping[str, Any] | None,
+) -> list[str]:
+    """What :func:`build_scheduler` refuses that the config alone decides, for ``hookrun
+    config validate``, with the same lines from the same checks: the warm-up
+    (:func:`warmup_problem`), and with a declared (and valid) ``optimizer`` section the main
+    scheduler's values on a throwaway one (:func:`build_main`). Its groups are as many as the
+    longest list among the keywords, so a per-group list passes here: whether it fits the
+    model's groups, and the warm-up against a length in batches, the task tells."""
+    config = SchedulerConfig.model_validate(section)
+    interval = schedule_interval(section, runner)
+    max_iters = runner.get("max_iters")
+    epochs = None if max_iters is not None else runner.get("max_epochs") or 10
+    problem = warmup_problem(config.warmup, interval, epochs, max_iters)
+    if problem:
+        return [problem]
+    if optimizer is None:
+        return []  # the task's optimizer: its class and groups are the task's
+    import torch
+
+    lists = [len(v) for v in config.main.values() if isinstance(v, (list, tuple))]
+    groups = [{"params": [torch.zeros(1, requires_grad=True)]} for _ in range(max(lists or [1]))]
+    options = {k: v for k, v in optimizer.items() if k not in OptimizerConfig.model_fields}
+    throwaway = find_class(str(optimizer["type"]), "torch.optim")(groups, **options)
+    try:  # any length the run gives ``auto`` is at least 1, which torch's checks take alike
+        build_main(throwaway, config.main, 1)
+    except ConfigError as exc:
+        return exc.lines
+    return []
+
+
+def warmup_problem(
+    warmup: Warmup | None, interval: str, epochs: int | None, max_iters: int | None
+) -> str | None:
+    """A warm-up in the wrong unit, or as long as the run where the config alone tells:
+    ``epochs`` is the run's length when it is whole epochs, ``max_iters`` when it is
+    iterations (optimizer steps are never more than iterations)."""
+    if warmup is None:
+        return None
+    if warmup.iters is not None and interval == "epoch":
+        return (
+            "scheduler.warmup.iters: an epoch-wise schedule warms up in epochs "
+            "(use warmup.epochs, or interval: iter)"
+        )
+    if warmup.epochs is not None and epochs is not None and warmup.epochs >= epochs:
+        return (
+            f"scheduler.warmup.epochs: {warmup.epochs} warm-up epochs leave nothing of "
+            f"the run's {epochs} epochs"
+        )
+    if warmup.iters is not None and max_iters is not None and warmup.iters >= max_iters:
+        return (
+            f"scheduler.warmup.iters: {warmup.iters} warm-up iterations leave nothing of "
+            f"the run's {max_iters} iterations"
+        )
+    return None
+
+
+def warmup_steps(warmup: Warmup | None, interval: str, length: RunLength) -> int:
+    """The warm-up's length in the schedule's steps (after :func:`warmup_problem`)."""
+    if warmup is None:
+        return 0
+    if warmup.epochs is not None:
+        return warmup.epochs * (length.optimizer_steps_per_epoch if interval == "iter" else 1)
+    return int(warmup.iters or 0)
 
 
 def schedule_interval(scheduler: Mapping[str, Any] | None, runner: Mapping[str, Any]) -> str:

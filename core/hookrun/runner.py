@@ -18,7 +18,7 @@ from torch import nn
 from hookrun import checkpoint as ckpt_io
 from hookrun import dist, workdir
 from hookrun import state as run_state
-from hookrun.arguments import check_arguments, resolve_device
+from hookrun.arguments import check_arguments, device_feature_errors, resolve_device
 from hookrun.clock import IterationClock
 from hookrun.data import make_loader, seed_all
 from hookrun.dispatch import HookStats
@@ -129,12 +129,9 @@ class Runner:
                     "one; start it with torchrun --nproc-per-node=N (N > 1), or use strategy auto"
                 )
             self.device = resolve_device(device, local_rank)
-            if amp == "fp16" and self.device.type != "cuda":
-                raise ConfigError("runner.amp: 'fp16' needs a CUDA device; use 'bf16' on CPU")
-            if sync_bn and self.device.type != "cuda":
-                raise ConfigError(
-                    f"runner.sync_bn: SyncBatchNorm needs CUDA (device is {self.device})"
-                )
+            errors = device_feature_errors(amp, sync_bn, strategy, self.device)
+            if errors:
+                raise ConfigError(errors)
             self._loaders = self._wrap_loaders(train_dataloader, val_dataloader, test_dataloader)
         if sync_bn and self.world_size > 1:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
