@@ -125,6 +125,7 @@ def worker(iters: int, repeats: int) -> None:
         print(f"{'hand DDP loop (.item() every 50)':<44}{statistics.median(hands) * 1e6:>10.1f}")
         print(f"{'hookrun, default plugins':<44}{statistics.median(runs) * 1e6:>10.1f}")
         print(f"ratio (median over {repeats} rounds): {statistics.median(ratios):.3f}")
+        print("every round's ratio, sorted: " + " ".join(f"{r:.3f}" for r in sorted(ratios)))
     dist.destroy_process_group()
 
 
