@@ -4,6 +4,7 @@ raw per-iteration values."""
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from pathlib import Path
@@ -224,7 +225,14 @@ def test_eta_predicts_the_remaining_time_validation_included(tmp_path, by_epoch)
         val_dataloader=toy_data(60, 10, seed=1),
         **schedule,
     )
-    runner.train()
+    # a full garbage collection of the test process's heap (torch and everything imported,
+    # some 0.2 s here) landing inside this 0.6 s run would be time no clock can foresee
+    gc.collect()
+    gc.disable()
+    try:
+        runner.train()
+    finally:
+        gc.enable()
     # mid-run, after the first validation pass: 15 iterations and 2 passes still to come
     eta, clock = sleeps.etas[14]
     true_remaining = sleeps.end - clock
