@@ -25,6 +25,7 @@ import os
 import pickle
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,17 +82,32 @@ def _split_dtensors(value: Any) -> tuple[Any, Any]:
     global shape and dtype, and the ``DTensor``s alone in the same nesting (None: none)."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(value, DTensor):
-        return torch.empty(value.shape, dtype=value.dtype, device="meta"), value
-    if not isinstance(value, dict):  # OrderedDict too (a state_dict())
+    def placeholder(leaf: Any) -> tuple[Any, Any] | None:
+        if not isinstance(leaf, DTensor):
+            return None
+        return torch.empty(leaf.shape, dtype=leaf.dtype, device="meta"), leaf
+
+    return _replace_leaves(value, placeholder)
+
+
+def _replace_leaves(
+    value: Any, replace: Callable[[Any], tuple[Any, Any] | None]
+) -> tuple[Any, Any]:
+    """``value`` (nested dicts, a ``state_dict()``'s ``OrderedDict`` too) with every leaf
+    that ``replace`` maps to ``(new, taken)`` replaced by ``new``, and the ``taken`` ones
+    alone in the same nesting (None: none); ``replace`` returns None for a leaf it keeps."""
+    replaced = replace(value)
+    if replaced is not None:
+        return replaced
+    if not isinstance(value, dict):
         return value, None
     kept: dict[Any, Any] = {}
-    moved: dict[Any, Any] = {}
+    taken: dict[Any, Any] = {}
     for key, item in value.items():
-        kept[key], found = _split_dtensors(item)
+        kept[key], found = _replace_leaves(item, replace)
         if found is not None:
-            moved[key] = found
-    return kept, moved or None
+            taken[key] = found
+    return kept, taken or None
 
 
 def plugin_states(runner: Runner, checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -119,21 +135,13 @@ def _fill_plugins(checkpoint: dict[str, Any], path: Path, mesh: Any, alone: bool
             placeholder.shape, dtype=placeholder.dtype, device_mesh=mesh, placements=[Shard(0)]
         )
 
-    def fill(value: Any) -> tuple[Any, Any]:  # (the value with templates, the templates alone)
-        if isinstance(value, torch.Tensor) and value.is_meta:
-            tensor = template(value)
-            return tensor, tensor
-        if not isinstance(value, dict):
-            return value, None
-        filled: dict[Any, Any] = {}
-        wanted: dict[Any, Any] = {}
-        for key, item in value.items():
-            filled[key], found = fill(item)
-            if found is not None:
-                wanted[key] = found
-        return filled, wanted or None
+    def filled(leaf: Any) -> tuple[Any, Any] | None:  # a meta placeholder: its template
+        if not (isinstance(leaf, torch.Tensor) and leaf.is_meta):
+            return None
+        tensor = template(leaf)
+        return tensor, tensor
 
-    plugins, wanted = fill(checkpoint.get("plugins", {}))
+    plugins, wanted = _replace_leaves(checkpoint.get("plugins", {}), filled)
     if wanted is not None:
         _read({"plugins": wanted}, path, alone=alone)  # into the templates, in place
     return plugins
