@@ -71,7 +71,7 @@ class ScalarStore:
                 continue
             values = list(history)[-fresh:]
             names.append(name)
-            pending.append(values[0] if fresh == 1 else self._mean(values))
+            pending.append(values[0] if fresh == 1 else self._series_mean(values))
             self._fresh[name] = 0
         return self._without_unset(names, pending)
 
@@ -122,15 +122,15 @@ class ScalarStore:
         self._fresh.clear()
         self._gauges.clear()
 
-    def _mean(self, values: list[Any]) -> Any:
+    def _series_mean(self, values: list[Any]) -> Any:
         """Mean of a series' values in float64: read at once unless ``batched``."""
         if not self.batched:
             with contextlib.suppress(ValueError):  # a tensor of several elements: below
                 return math.fsum(map(float, values)) / len(values)
-        return _mean(values)
+        return _device_mean(values)
 
 
-def _mean(values: list[Any]) -> Any:
+def _device_mean(values: list[Any]) -> Any:
     """Mean of numbers and/or tensors in float64, left on the device: nothing is read here."""
     try:  # the usual case, same-shaped tensors on one device: two small ops
         return torch.stack(values).mean(dtype=torch.float64)
