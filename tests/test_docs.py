@@ -3,13 +3,19 @@ and the site builds with ``mkdocs build --strict``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import os
 import re
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import sysconfig
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -191,14 +197,26 @@ def test_site_builds_strict(tmp_path):
 
 
 # -- runnable blocks ---------------------------------------------------------------------
-# A fenced block right after `<!-- run -->` is executed by the test below, the blocks of a
-# page in order in one temporary folder (with `examples/` linked into it): `python` blocks
-# in one namespace per page, in this process; `bash` blocks whose every command is
-# `hookrun ...` through the CLI's `main` in this process (as `hookrun.testing.run_cli` does:
-# no interpreter start), any other `bash` block by bash (`set -eu`). `<!-- run: exit=2 -->`
-# expects that exit code. `<!-- file: NAME -->` writes the block to NAME in that folder (a
-# config a later command reads).
-BLOCK = re.compile(r"<!--\s*(run|file)(?::\s*([^>]*?))?\s*-->\s*\n```(\w*)[^\n]*\n(.*?)\n```", re.S)
+# A fenced block right after `<!-- run -->` is executed by the tests below, the blocks of a
+# page in order in one temporary folder: `python` blocks in one namespace per page, in this
+# process; `bash` blocks whose every command is `hookrun ...` through the CLI's `main` in
+# this process (as `hookrun.testing.run_cli` does: no interpreter start), any other `bash`
+# block by bash (`set -eu`). `<!-- file: NAME -->` writes the block to NAME in that folder (a
+# config a later command reads). Options after `run:`: `exit=2` expects that exit code;
+# `slow` marks a command that needs a fresh environment, the network or minutes (`pip
+# install`, `python -m build`, `nox -s demo`, torchrun): `nox -s tests` runs a page's blocks
+# up to its first slow one (test_runnable_blocks), `nox -s docs` runs the pages holding slow
+# blocks whole (test_tutorial_page, marked `tutorial`): in a copy of the repository, every
+# bash block by bash, with a new virtual environment first on PATH, as a reader with a clone
+# runs them. That environment sees the docs session's packages (hookrun among them), except
+# on a page holding `<!-- venv: empty -->`, whose commands install everything themselves.
+# `ci` marks a command CI runs itself (the suite): the test checks that `.ci/run` holds it;
+# `serves` a command that serves until stopped (a TensorBoard): it must print its address.
+# `<!-- output -->` before a plain block: every line of it is a line the run block before it
+# printed (spaces aside), so what a page says a command prints is what it prints.
+BLOCK = re.compile(
+    r"<!--\s*(run|file|output)(?::\s*([^>]*?))?\s*-->\s*\n```(\w*)[^\n]*\n(.*?)\n```", re.S
+)
 RUNNABLE_PAGES = sorted(
     str(p.relative_to(ROOT))
     for p in (ROOT / "README.md", *DOCS.rglob("*.md"))
@@ -209,6 +227,17 @@ RUNNABLE_PAGES = sorted(
 def marked_blocks(text: str) -> list[tuple[str, str, str, str]]:
     """(kind, options, language, code) of every marked block of a page, in order."""
     return [m.groups(default="") for m in BLOCK.finditer(text)]
+
+
+def is_slow(kind: str, options: str) -> bool:
+    return kind == "run" and "slow" in options.split()
+
+
+SLOW_PAGES = [
+    page
+    for page in RUNNABLE_PAGES
+    if any(is_slow(*block[:2]) for block in marked_blocks((ROOT / page).read_text()))
+]
 
 
 def hookrun_commands(code: str) -> list[tuple[list[str], str | None]] | None:
@@ -227,6 +256,14 @@ def hookrun_commands(code: str) -> list[tuple[list[str], str | None]] | None:
     return commands
 
 
+def run_in_bash(code: str, cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """Exit code and the output's end of ``bash -euc CODE``."""
+    result = subprocess.run(
+        ["bash", "-euc", code], cwd=cwd, env=env, capture_output=True, timeout=timeout
+    )
+    return result.returncode, (result.stdout + result.stderr).decode()[-4000:]
+
+
 def run_bash_block(code: str, cwd: Path, capsys) -> tuple[int, str]:
     """Exit code and output of a bash block (its last command's code)."""
     from hookrun.cli import main
@@ -235,8 +272,7 @@ def run_bash_block(code: str, cwd: Path, capsys) -> tuple[int, str]:
     if commands is None:
         bin_dir = str(Path(sys.executable).parent)
         env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
-        result = subprocess.run(["bash", "-euc", code], cwd=cwd, env=env, capture_output=True)
-        return result.returncode, (result.stdout + result.stderr).decode()[-3000:]
+        return run_in_bash(code, cwd, env, timeout=600)
     exit_code, output = 0, ""
     for args, target in commands:
         try:
@@ -261,28 +297,155 @@ def forget_modules_from(folder: Path, loaded: set[str]) -> None:
             del sys.modules[name]
 
 
-@pytest.mark.parametrize("page", RUNNABLE_PAGES)
-def test_runnable_blocks(page, tmp_path, monkeypatch, capsys, request):
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
+def expected_exit(options: str) -> int:
+    found = re.search(r"exit=(\d+)", options)
+    return int(found.group(1)) if found else 0
+
+
+@pytest.fixture
+def page_folder(tmp_path, monkeypatch, request) -> Path:
+    """The page's working folder as the current one; what its python blocks import from it
+    and put on sys.path is forgotten after."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))  # a block's sys.path.insert is undone
     loaded = set(sys.modules)
     request.addfinalizer(lambda: forget_modules_from(tmp_path, loaded))
+    return tmp_path
+
+
+@pytest.mark.parametrize("page", RUNNABLE_PAGES)
+def test_runnable_blocks(page, page_folder, capsys):
+    """The page's blocks but the slow ones, `examples/` linked into the folder."""
+    (page_folder / "examples").symlink_to(ROOT / "examples")
     namespace: dict = {"__name__": "__docs__"}
+    previous, output = ("", ""), ""
     for number, (kind, options, language, code) in enumerate(
         marked_blocks((ROOT / page).read_text()), 1
     ):
         where = f"{page}, block {number}"
+        if kind == "output" and is_slow(*previous):
+            continue  # what a slow command printed
+        previous = (kind, options)
+        if is_slow(kind, options):
+            continue
         if kind == "file":
-            target = tmp_path / options
+            target = page_folder / options
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(code + "\n")
+        elif "ci" in options.split():
+            ci = (ROOT / ".ci" / "run").read_text().splitlines()
+            assert all(line in ci for line in code.splitlines()), f"{where}: not in .ci/run"
         elif language == "python":
             exec(compile(code, where, "exec"), namespace)
         elif language == "bash":
-            expected = int(re.search(r"exit=(\d+)", options or "exit=0").group(1))
-            exit_code, output = run_bash_block(code, tmp_path, capsys)
-            assert exit_code == expected, f"{where}: exit {exit_code}\n{output}"
+            exit_code, output = run_bash_block(code, page_folder, capsys)
+            assert exit_code == expected_exit(options), f"{where}: exit {exit_code}\n{output}"
+        elif kind == "output":
+            assert_shown_output(code, output, where)
+        else:
+            pytest.fail(f"{where}: cannot run a {language!r} block")
+
+
+def assert_shown_output(shown: str, output: str, where: str) -> None:
+    """Every line of an `<!-- output -->` block is a line (spaces aside) of what the run
+    block before it printed."""
+    printed = {" ".join(line.split()) for line in output.splitlines()}
+    for line in filter(str.strip, shown.splitlines()):
+        assert " ".join(line.split()) in printed, f"{where}: not printed: {line!r}\n{output}"
+
+
+def copy_of_the_repository(target: Path) -> Path:
+    """The clone's tracked and unignored files (what a reader's clone holds) under target."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return target
+
+
+def reader_env(venv: Path, sees_this_environment: bool) -> dict[str, str]:
+    """A new virtual environment, first on PATH: empty, or seeing this one's packages."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    if sees_this_environment:
+        purelib = sysconfig.get_paths()["purelib"]
+        (site_packages,) = venv.glob("lib/python*/site-packages")
+        (site_packages / "_docs_session.pth").write_text(
+            f"import site; site.addsitedir({purelib!r})\n"
+        )
+    skipped = ("PYTHON", "NOX", "VIRTUAL", "HOOKRUN")  # the test session's own settings
+    env = {k: v for k, v in os.environ.items() if not k.startswith(skipped)}
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        VIRTUAL_ENV=str(venv),
+        PIP_COMPILE="0",  # no byte-compiling of torch at install (a minute); imports write it
+    )
+    return env
+
+
+def assert_serves(code: str, cwd: Path, env: dict[str, str], where: str) -> str:
+    """A command that serves until stopped (a TensorBoard): it must print its address
+    within two minutes; it is stopped then. Returns what it printed."""
+    server = subprocess.Popen(
+        ["bash", "-euc", code],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    timer = threading.Timer(120, os.killpg, (server.pid, signal.SIGKILL))
+    timer.start()
+    printed = b""
+    try:
+        assert server.stdout is not None
+        for line in server.stdout:
+            printed += line
+            if b"http://" in line:
+                return printed.decode()
+        pytest.fail(f"{where}: exited {server.wait()} without serving\n{printed.decode()}")
+    finally:
+        timer.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    return printed.decode()
+
+
+@pytest.mark.tutorial
+@pytest.mark.parametrize("page", SLOW_PAGES)
+def test_tutorial_page(page, page_folder):
+    """Every marked block of the page, in a copy of the repository, as a reader runs them."""
+    text = (ROOT / page).read_text()
+    repo = copy_of_the_repository(page_folder / "hookrun")
+    env = reader_env(page_folder / "venv", "<!-- venv: empty -->" not in text)
+    namespace: dict = {"__name__": "__docs__"}
+    output = ""
+    os.chdir(repo)
+    for number, (kind, options, language, code) in enumerate(marked_blocks(text), 1):
+        where = f"{page}, block {number}"
+        if kind == "file":
+            (repo / options).parent.mkdir(parents=True, exist_ok=True)
+            (repo / options).write_text(code + "\n")
+        elif "ci" in options.split():
+            continue  # test_runnable_blocks checks it against .ci/run
+        elif language == "python":
+            exec(compile(code, where, "exec"), namespace)
+        elif language == "bash" and "serves" in options.split():
+            output = assert_serves(code, repo, env, where)
+        elif language == "bash":
+            started = time.perf_counter()
+            exit_code, output = run_in_bash(code, repo, env, timeout=1200)
+            assert exit_code == expected_exit(options), f"{where}: exit {exit_code}\n{output}"
+            print(f"{where}: {time.perf_counter() - started:.0f} s")  # the page's durations (-s)
+        elif kind == "output":
+            assert_shown_output(code, output, where)
         else:
             pytest.fail(f"{where}: cannot run a {language!r} block")
 
