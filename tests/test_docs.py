@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from hookrun import hookspecs
 from hookrun.config import Config, RunnerConfig
 from hookrun.discovery import installed_plugins
 from hookrun.dispatch import hook_arguments, hook_points
+from hookrun.testing import layered_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -372,13 +372,10 @@ def copy_of_the_repository(target: Path) -> Path:
 
 def reader_env(venv: Path, sees_this_environment: bool) -> dict[str, str]:
     """A new virtual environment, first on PATH: empty, or seeing this one's packages."""
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if sees_this_environment:
-        purelib = sysconfig.get_paths()["purelib"]
-        (site_packages,) = venv.glob("lib/python*/site-packages")
-        (site_packages / "_docs_session.pth").write_text(
-            f"import site; site.addsitedir({purelib!r})\n"
-        )
+        layered_venv(venv, with_pip=True)
+    else:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     skipped = ("PYTHON", "NOX", "VIRTUAL", "HOOKRUN")  # the test session's own settings
     env = {k: v for k, v in os.environ.items() if not k.startswith(skipped)}
     env.update(

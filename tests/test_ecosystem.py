@@ -10,27 +10,47 @@ from pathlib import Path
 import pytest
 from test_cli import clean_env, run, write
 
-from hookrun.testing import TOY_TASK_SOURCE
+from hookrun.testing import TOY_TASK_SOURCE, layered_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAD_NORM = ROOT / "examples" / "third_party" / "hookrun-grad-norm"
 
 
-def pip(*args: str) -> None:
-    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args]
+# Packages are installed into a layered venv (it sees this environment's packages), never
+# into the running environment that other tests and xdist workers share.
+
+
+def install(python: Path, *args: str) -> None:
+    cmd = [str(python), "-m", "pip", "-q", "install", "--no-deps", "--no-build-isolation", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
 
 
+def hookrun_in(python: Path, *args: object, cwd: Path | None = None, **env: str):
+    """``python -m hookrun ARGS`` in that environment, as a user's shell runs it."""
+    command = [str(python), "-m", "hookrun", *map(str, args)]
+    return subprocess.run(
+        command, capture_output=True, text=True, cwd=cwd, env=clean_env(**env), timeout=600
+    )
+
+
 @pytest.fixture(scope="module")
-def grad_norm_installed():
-    pip("install", "--no-deps", "--no-build-isolation", str(GRAD_NORM))
-    yield
-    pip("uninstall", "-y", "hookrun-grad-norm")
+def grad_norm_venv(tmp_path_factory) -> Path:
+    """The python of a layered venv with the third-party example installed (not editable)."""
+    python = layered_venv(tmp_path_factory.mktemp("grad-norm-venv"))
+    install(python, str(GRAD_NORM))
+    return python
 
 
-def test_third_party_plugin_and_writer_from_a_config_file(grad_norm_installed, tmp_path):
-    listed = json.loads(run("plugins", "list", "--json").stdout)
+@pytest.fixture
+def grad_norm_here(grad_norm_venv, monkeypatch) -> None:
+    """The example importable and discoverable in this process, for this test only."""
+    (site_packages,) = grad_norm_venv.parent.parent.glob("lib/python*/site-packages")
+    monkeypatch.syspath_prepend(str(site_packages))
+
+
+def test_third_party_plugin_and_writer_from_a_config_file(grad_norm_venv, tmp_path):
+    listed = json.loads(hookrun_in(grad_norm_venv, "plugins", "list", "--json").stdout)
     rows = {row["name"]: row for row in listed}
     assert rows["grad_norm"]["distribution"] == "hookrun-grad-norm"
     write(tmp_path / "toytask.py", TOY_TASK_SOURCE)
@@ -47,7 +67,7 @@ def test_third_party_plugin_and_writer_from_a_config_file(grad_norm_installed, t
         """,
     )
     work_dir = tmp_path / "run"
-    result = run("train", config, "--work-dir", work_dir)
+    result = hookrun_in(grad_norm_venv, "train", config, "--work-dir", work_dir)
     assert result.returncode == 0, result.stderr
     lines = [json.loads(x) for x in (work_dir / "log.jsonl").read_text().splitlines()]
     norms = [line["train/gnorm"] for line in lines if "train/gnorm" in line]
@@ -58,7 +78,7 @@ def test_third_party_plugin_and_writer_from_a_config_file(grad_norm_installed, t
     assert sum(",train/gnorm," in r for r in rows[1:]) == len(norms)
 
 
-def test_third_party_grad_norm_equals_torchs_total_norm(grad_norm_installed, tmp_path):
+def test_third_party_grad_norm_equals_torchs_total_norm(grad_norm_here, tmp_path):
     """The example's value at every optimizer step against ``torch.nn.utils.get_total_norm``
     of the same gradients, taken by a hook that runs after it at the same hook point."""
     import torch
@@ -86,7 +106,7 @@ def test_third_party_grad_norm_equals_torchs_total_norm(grad_norm_installed, tmp
     assert logged == pytest.approx(reference.norms, rel=1e-6)
 
 
-def test_third_party_settings_are_validated_by_name(grad_norm_installed, tmp_path):
+def test_third_party_settings_are_validated_by_name(grad_norm_venv, tmp_path):
     write(tmp_path / "toytask.py", TOY_TASK_SOURCE)
     config = write(
         tmp_path / "bad.yaml",
@@ -95,7 +115,7 @@ def test_third_party_settings_are_validated_by_name(grad_norm_installed, tmp_pat
         plugins: {grad_norm: {norm_type: 0, nmae: x}}
         """,
     )
-    result = run("config", "validate", config)
+    result = hookrun_in(grad_norm_venv, "config", "validate", config)
     assert result.returncode == 2
     assert "plugins.grad_norm.norm_type: Input should be greater than 0" in result.stderr
     assert "plugins.grad_norm.nmae: unknown setting" in result.stderr
@@ -105,19 +125,17 @@ def test_scaffolded_plugin_passes_its_own_test_after_install(tmp_path):
     created = run("plugins", "new", "iter_counter", "--dir", tmp_path)
     assert created.returncode == 0, created.stderr
     package = tmp_path / "hookrun-iter-counter"
-    pip("install", "--no-deps", "--no-build-isolation", "-e", str(package))
-    try:
-        listed = json.loads(run("plugins", "list", "--json").stdout)
-        assert "iter_counter" in {row["name"] for row in listed}
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-            cwd=package, capture_output=True, text=True, timeout=300,
-            env=clean_env(HOOKRUN_PLUGINS_AUTOLOAD="0"),
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "2 passed" in proc.stdout  # the conformance checks and its own test
-    finally:
-        pip("uninstall", "-y", "hookrun-iter-counter")
+    python = layered_venv(tmp_path / "venv")
+    install(python, "-e", str(package))
+    listed = json.loads(hookrun_in(python, "plugins", "list", "--json").stdout)
+    assert "iter_counter" in {row["name"] for row in listed}
+    proc = subprocess.run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=package, capture_output=True, text=True, timeout=300,
+        env=clean_env(HOOKRUN_PLUGINS_AUTOLOAD="0"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout  # the conformance checks and its own test
 
 
 def test_pytest_plugin_changes_nothing_for_tests_that_do_not_ask(tmp_path):

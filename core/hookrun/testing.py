@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -167,6 +168,23 @@ def make_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., 
         return site
 
     return make
+
+
+def layered_venv(folder: str | Path, with_pip: bool = False) -> Path:
+    """A new virtual environment in ``folder`` that sees this one's packages; returns its python.
+
+    ``python -m pip install`` there (``--no-deps --no-build-isolation``: seconds) puts a real
+    distribution beside hookrun without touching the running environment, which other tests
+    (and pytest-xdist workers) share. This environment's console scripts are not in its
+    ``bin``: run ``python -m hookrun``. ``with_pip`` gives it its own pip and ``pip`` script
+    (a few seconds more), for commands that call ``pip`` by name."""
+    folder = Path(folder)
+    without = [] if with_pip else ["--without-pip"]
+    subprocess.run([sys.executable, "-m", "venv", *without, str(folder)], check=True)
+    (site_packages,) = folder.glob("lib/python*/site-packages")
+    here = sysconfig.get_paths()["purelib"]
+    (site_packages / "_layered_on.pth").write_text(f"import site; site.addsitedir({here!r})\n")
+    return folder / "bin" / "python"
 
 
 # -- a tiny task -----------------------------------------------------------------------------
