@@ -204,12 +204,14 @@ def test_site_builds_strict(tmp_path):
 # block by bash (`set -eu`). `<!-- file: NAME -->` writes the block to NAME in that folder (a
 # config a later command reads). Options after `run:`: `exit=2` expects that exit code;
 # `slow` marks a command that needs a fresh environment, the network or minutes (`pip
-# install`, `python -m build`, `nox -s demo`, torchrun): `nox -s tests` runs a page's blocks
-# up to its first slow one (test_runnable_blocks), `nox -s docs` runs the pages holding slow
-# blocks whole (test_tutorial_page, marked `tutorial`): in a copy of the repository, every
-# bash block by bash, with a new virtual environment first on PATH, as a reader with a clone
-# runs them. That environment sees the docs session's packages (hookrun among them), except
-# on a page holding `<!-- venv: empty -->`, whose commands install everything themselves.
+# install`, `python -m build`, `nox -s demo`, torchrun): `nox -s tests` runs every block of a
+# page but the slow ones and what they printed (test_runnable_blocks; a block that needs a
+# slow one's result is marked slow too), `nox -s docs` runs the pages holding slow blocks
+# whole (test_tutorial_page, marked `tutorial`): in a copy of the repository, every bash
+# block by bash, with a new virtual environment first on PATH, as a reader with a clone runs
+# them. That environment sees the docs session's packages (hookrun among them, with its own
+# `hookrun` command), except on a page holding `<!-- venv: empty -->`, whose commands install
+# everything themselves.
 # `ci` marks a command CI runs itself (the suite): the test checks that `.ci/run` holds it;
 # `serves` a command that serves until stopped (a TensorBoard): it must print its address.
 # `<!-- output -->` before a plain block: every line of it is a line the run block before it
@@ -261,7 +263,7 @@ def run_in_bash(code: str, cwd: Path, env: dict[str, str], timeout: float) -> tu
     result = subprocess.run(
         ["bash", "-euc", code], cwd=cwd, env=env, capture_output=True, timeout=timeout
     )
-    return result.returncode, (result.stdout + result.stderr).decode()[-4000:]
+    return result.returncode, (result.stdout + result.stderr).decode()
 
 
 def run_bash_block(code: str, cwd: Path, capsys) -> tuple[int, str]:
@@ -286,7 +288,7 @@ def run_bash_block(code: str, cwd: Path, capsys) -> tuple[int, str]:
         output += ("" if target else out) + err
         if exit_code != 0:
             break
-    return exit_code, output[-3000:]
+    return exit_code, output
 
 
 def forget_modules_from(folder: Path, loaded: set[str]) -> None:
@@ -332,6 +334,8 @@ def test_runnable_blocks(page, page_folder, capsys):
             target = page_folder / options
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(code + "\n")
+        elif kind == "output":
+            assert_shown_output(code, output, where)
         elif "ci" in options.split():
             ci = (ROOT / ".ci" / "run").read_text().splitlines()
             assert all(line in ci for line in code.splitlines()), f"{where}: not in .ci/run"
@@ -339,11 +343,14 @@ def test_runnable_blocks(page, page_folder, capsys):
             exec(compile(code, where, "exec"), namespace)
         elif language == "bash":
             exit_code, output = run_bash_block(code, page_folder, capsys)
-            assert exit_code == expected_exit(options), f"{where}: exit {exit_code}\n{output}"
-        elif kind == "output":
-            assert_shown_output(code, output, where)
+            assert exit_code == expected_exit(options), f"{where}: exit {exit_code}\n{tail(output)}"
         else:
             pytest.fail(f"{where}: cannot run a {language!r} block")
+
+
+def tail(output: str) -> str:
+    """The end of a command's output, for a failure message."""
+    return output[-4000:]
 
 
 def assert_shown_output(shown: str, output: str, where: str) -> None:
@@ -351,7 +358,7 @@ def assert_shown_output(shown: str, output: str, where: str) -> None:
     block before it printed."""
     printed = {" ".join(line.split()) for line in output.splitlines()}
     for line in filter(str.strip, shown.splitlines()):
-        assert " ".join(line.split()) in printed, f"{where}: not printed: {line!r}\n{output}"
+        assert " ".join(line.split()) in printed, f"{where}: not printed: {line!r}\n{tail(output)}"
 
 
 def copy_of_the_repository(target: Path) -> Path:
@@ -373,7 +380,10 @@ def copy_of_the_repository(target: Path) -> Path:
 def reader_env(venv: Path, sees_this_environment: bool) -> dict[str, str]:
     """A new virtual environment, first on PATH: empty, or seeing this one's packages."""
     if sees_this_environment:
-        layered_venv(venv, with_pip=True)
+        python = layered_venv(venv, with_pip=True)
+        script = venv / "bin" / "hookrun"  # what the layered packages' scripts lack
+        script.write_text(f"#!{python}\nfrom hookrun.cli import main\n\nmain()\n")
+        script.chmod(0o755)
     else:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     skipped = ("PYTHON", "NOX", "VIRTUAL", "HOOKRUN")  # the test session's own settings
@@ -430,6 +440,8 @@ def test_tutorial_page(page, page_folder):
         if kind == "file":
             (repo / options).parent.mkdir(parents=True, exist_ok=True)
             (repo / options).write_text(code + "\n")
+        elif kind == "output":
+            assert_shown_output(code, output, where)
         elif "ci" in options.split():
             continue  # test_runnable_blocks checks it against .ci/run
         elif language == "python":
@@ -439,10 +451,8 @@ def test_tutorial_page(page, page_folder):
         elif language == "bash":
             started = time.perf_counter()
             exit_code, output = run_in_bash(code, repo, env, timeout=1200)
-            assert exit_code == expected_exit(options), f"{where}: exit {exit_code}\n{output}"
+            assert exit_code == expected_exit(options), f"{where}: exit {exit_code}\n{tail(output)}"
             print(f"{where}: {time.perf_counter() - started:.0f} s")  # the page's durations (-s)
-        elif kind == "output":
-            assert_shown_output(code, output, where)
         else:
             pytest.fail(f"{where}: cannot run a {language!r} block")
 
