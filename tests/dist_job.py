@@ -120,6 +120,8 @@ class Job:
         fetched = runner.train_dataloader.dataset.fetched
         self.seen["train"].setdefault(str(runner.epoch), []).extend(fetched)
         fetched.clear()
+        if runner.is_last_iter():  # what the checkpoint plugin's final save waits for
+            self.seen.setdefault("last_iter", []).append(runner.iter)
         if runner.iter == self.hang_at and runner.rank == 1:
             time.sleep(3600)  # a rank that hangs: the others wait in DDP's all-reduce
         if runner.every_n_iters(3):

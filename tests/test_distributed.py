@@ -291,10 +291,14 @@ def test_a_two_rank_checkpoint_continues_on_one_and_on_three_ranks(two_rank_run,
     three = tmp_path / "three"
     proc = torchrun(three, "--resume-from", str(checkpoint), nproc=3)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "the global batch changes from 8 to 12" in proc.stdout
+    assert "the global batch changes from 8 to 12; epoch 2 continues after 24 of" in proc.stdout
     ranks = [seen(three, r)["train"] for r in range(3)]
     assert sorted(sum((r["1"] for r in ranks), [])) == left
     assert sorted(sum((r["2"] for r in ranks), [])) == list(range(48))
+    # the run's last iteration is known as such (a final checkpoint is saved there): 9 done,
+    # 24 samples left of epoch 2 in 2 iterations of 12, then 4 of epoch 3
+    assert seen(two_rank_run, 0)["last_iter"] == [17]
+    assert [seen(three, r)["last_iter"] for r in range(3)] == [[14]] * 3
 
     one = tmp_path / "one"
     threads = torch.get_num_threads()
@@ -305,6 +309,7 @@ def test_a_two_rank_checkpoint_continues_on_one_and_on_three_ranks(two_rank_run,
     alone = seen(one, 0)["train"]
     assert sorted(alone["1"]) == left
     assert sorted(alone["2"]) == list(range(48))
+    assert seen(one, 0)["last_iter"] == [26]  # 9, then 6 iterations of 4 and 12
 
 
 @pytest.mark.timing

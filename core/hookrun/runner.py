@@ -251,7 +251,13 @@ class Runner:
         return n > 0 and (self.epoch + 1) % n == 0
 
     def is_last_iter(self) -> bool:
-        return self.iter + 1 == self.max_iters
+        if not self.by_epoch:
+            return self.iter + 1 == self.max_iters
+        # the last batch of the last epoch, not max_epochs * len(loader): an epoch continued
+        # on another number of ranks has another number of iterations
+        loader = self._loaders["train"]
+        per_epoch = len(loader) if loader is not None else 1
+        return self.is_last_epoch() and self.inner_iter + 1 == per_epoch
 
     def is_last_epoch(self) -> bool:
         if self.by_epoch:

@@ -115,13 +115,13 @@ def _continue_on_new_world(runner: Runner, saved: int) -> str:
     done = loader.continue_epoch(pos.epoch, pos.batch, saved)
     if done is None:
         raise CheckpointMismatchError(
-            f"cannot continue epoch {pos.epoch} mid-way on {runner.world_size} rank(s) from a "
+            f"cannot continue epoch {pos.epoch + 1} mid-way on {runner.world_size} rank(s) from a "
             f"checkpoint of {saved}: the train_dataloader's sampling is its own (not hookrun's "
             f"to shard); resume on {saved} rank(s) or from an epoch-end checkpoint"
         )
     used = min(pos.batch * (size or 0) * saved, len(loader.original.sampler))
     pos.batch = done
-    return line + f"; epoch {pos.epoch} continues after {used} of its samples"
+    return line + f"; epoch {pos.epoch + 1} continues after {used} of its samples"
 
 
 class PluginStateError(Exception):
