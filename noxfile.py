@@ -20,6 +20,7 @@ PLUGINS = sorted(
     if (p / "pyproject.toml").exists()
 )
 TEST_DEPS = [
+    "packaging",  # requirement comparison in the writers' missing-library test
     "pytest-xdist",
     "pytest>=8",
     "scikit-learn",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -258,3 +259,27 @@ def test_plugin_state_round_trips_through_checkpoints(tmp_path):
     second = Counter()
     Runner(**toy_runner_kwargs(tmp_path, hooks=[second])).load_checkpoint(tmp_path / "c.pt")
     assert second.count == first.count == 3
+
+
+def test_one_of_hookruns_own_plugins_not_installed_names_its_folder(monkeypatch, capsys):
+    """The package index does not have hookrun's own plugins yet: the line says where they
+    are instead of a `pip install hookrun-ema` that would fail."""
+    from hookrun import discovery
+    from hookrun.testing import run_cli
+
+    root = Path(__file__).resolve().parent.parent
+    folders = (root / "plugins").glob("hookrun-*")
+    assert sorted(discovery.OWN_PLUGINS) == sorted(
+        p.name.removeprefix("hookrun-").replace("-", "_") for p in folders
+    )
+    real = discovery.installed
+    monkeypatch.setattr(
+        discovery, "installed", lambda group: {k: v for k, v in real(group).items() if k != "ema"}
+    )
+    code, out, err = run_cli(capsys, "plugins", "show", "ema")
+    assert (code, out) == (2, "")
+    assert err.strip() == (
+        "plugins show: plugin 'ema' is not installed; pip install ./plugins/hookrun-ema "
+        "from a clone of hookrun (not on the package index yet)"
+    )
+    assert (root / "plugins" / "hookrun-ema" / "pyproject.toml").is_file()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hookrun import Runner, Writer, hookimpl
@@ -209,13 +211,42 @@ def test_writers_finish_with_the_run_status_and_keep_their_state(tmp_path):
     assert stopped.ends == ["killed"]
 
 
-def test_unknown_tracker_writer_names_its_distribution():
-    from hookrun.discovery import WRITER_GROUP, installed
+def test_a_tracker_writer_not_installed_names_its_folder_in_the_repository(monkeypatch):
+    import hookrun.writers
     from hookrun.writers import TRACKER_WRITERS, writer_errors
 
-    missing = [name for name in TRACKER_WRITERS if name not in installed(WRITER_GROUP)]
-    if not missing:
-        pytest.skip("every tracker writer is installed here (nox -s plugins runs this alone)")
-    assert writer_errors([missing[0]]) == [
-        f"runner.writers.{missing[0]}: unknown writer (pip install hookrun-{missing[0]})"
+    monkeypatch.setattr(hookrun.writers, "installed", lambda group: {})  # none installed
+    root = Path(__file__).resolve().parent.parent
+    assert sorted(TRACKER_WRITERS) == sorted(
+        p.name.removeprefix("hookrun-") for p in (root / "writers").glob("hookrun-*")
+    )
+    assert writer_errors(["neptune", "nepture"]) == [
+        "runner.writers.neptune: writer 'neptune' is not installed; pip install "
+        "./writers/hookrun-neptune from a clone of hookrun (not on the package index yet)",
+        "runner.writers.nepture: unknown writer (did you mean 'neptune'?)",
     ]
+
+
+@pytest.mark.parametrize("name", ["mlflow", "wandb", "dvclive", "neptune"])
+def test_a_tracker_writer_without_its_library_names_the_requirement_it_declares(name, monkeypatch):
+    """The line's install command is the library requirement of the writer's distribution
+    (its metadata), not the writer itself, which is installed."""
+    import importlib.metadata
+    import importlib.util
+
+    from hookrun.discovery import WRITER_GROUP, installed
+
+    found = installed(WRITER_GROUP).get(name)
+    if found is None:
+        pytest.skip(f"hookrun-{name} is not installed here")
+    writer = found.entry_point.load()
+    declared = importlib.metadata.requires(found.distribution) or []
+    (library,) = [r for r in declared if not r.startswith("hookrun")]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda module, *a: None if module == name else real(module, *a)
+    )
+    errors = writer.check_options({})
+    prefix = f"the {name} library is missing: pip install "
+    (line,) = [e for e in errors if e.startswith(prefix)]
+    assert Requirement(line.removeprefix(prefix).strip("'")) == Requirement(library)

@@ -285,6 +285,7 @@ def plugins_list(as_json: bool, load: bool) -> None:
         blocked_plugins,
         clash_message,
         clashes,
+        install_from_clone,
         installed_plugins,
     )
 
@@ -302,7 +303,7 @@ def plugins_list(as_json: bool, load: bool) -> None:
         echo(to_json(rows))
         return
     if not rows:
-        echo("no plugins installed (pip install hookrun-logger, hookrun-checkpoint, ...)")
+        echo(f"no plugins installed; hookrun's own, e.g. {install_from_clone('plugins', 'logger')}")
         return
     header = ["name", "distribution", "version", "entry point"]
     grid = [[r["name"], r["distribution"], r["version"], r["entry_point"]] for r in rows]

@@ -13,6 +13,19 @@ from importlib.metadata import EntryPoint, entry_points
 
 PLUGIN_GROUP = "hookrun.plugins"
 WRITER_GROUP = "hookrun.writers"
+# the plugins hookrun's repository ships (plugins/hookrun-<name>); a message suggesting one's
+# install says where it is while the package index does not have them
+OWN_PLUGINS = (
+    "checkpoint",
+    "early_stopping",
+    "ema",
+    "logger",
+    "memory",
+    "nan_guard",
+    "precise_bn",
+    "profiler",
+    "timer",
+)
 
 
 @dataclass(frozen=True)
@@ -108,8 +121,24 @@ def did_you_mean(name: str, choices: Iterable[object]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def distribution_name(name: str) -> str:
+    """``hookrun-<name with dashes>``: the distribution convention of plugins and writers."""
+    return "hookrun-" + name.replace("_", "-")
+
+
+def install_from_clone(folder: str, name: str) -> str:
+    """How to install one of hookrun's own distributions: from a clone of the repository,
+    until the package index has them (the one place to change when it does)."""
+    return (
+        f"pip install ./{folder}/{distribution_name(name)} from a clone of hookrun "
+        "(not on the package index yet)"
+    )
+
+
 def unknown_plugin_message(name: str, where: str, known: Iterable[object]) -> str:
     """The one-line error for a plugin name nobody installed."""
     hint = did_you_mean(name, known)
-    dist = "hookrun-" + name.replace("_", "-")
+    if name in OWN_PLUGINS:
+        return f"{where}: plugin {name!r} is not installed; {install_from_clone('plugins', name)}"
+    dist = distribution_name(name)
     return f"{where}: unknown plugin {name!r}{hint}; if it is a package, `pip install {dist}`"

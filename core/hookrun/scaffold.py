@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hookrun.discovery import installed_plugins
+from hookrun.discovery import distribution_name, installed_plugins
 from hookrun.errors import ConfigError
 
 PYPROJECT = """\
@@ -133,7 +133,7 @@ def new_plugin(name: str, directory: str | Path = ".") -> Path:
             f"plugin name {name!r} is taken by the installed distribution "
             f"'{taken.distribution} {taken.version}' ({taken.value}); choose another name"
         )
-    dist = "hookrun-" + name.replace("_", "-")
+    dist = distribution_name(name)
     package = "hookrun_" + name
     cls = "".join(part.capitalize() for part in name.split("_"))
     root = Path(directory) / dist

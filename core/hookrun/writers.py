@@ -20,7 +20,14 @@ from typing import Any
 
 import torch
 
-from hookrun.discovery import WRITER_GROUP, clash_message, clashes, did_you_mean, installed
+from hookrun.discovery import (
+    WRITER_GROUP,
+    clash_message,
+    clashes,
+    did_you_mean,
+    install_from_clone,
+    installed,
+)
 from hookrun.errors import ConfigError
 
 #: How a run ended, handed to :meth:`Writer.finish`: trackers close their run with it.
@@ -235,9 +242,14 @@ def _resolve(spec: Any) -> tuple[list[tuple[Any, dict[str, Any]]], list[str]]:
         if cls is None:
             available = available or installed(WRITER_GROUP)
             if name not in available:
-                known = set(BUILTIN_WRITERS) | set(available)
-                hint = f" (pip install hookrun-{name})" if name in TRACKER_WRITERS else ""
-                errors.append(f"{where}.{name}: unknown writer{did_you_mean(name, known)}{hint}")
+                known = {*BUILTIN_WRITERS, *available, *TRACKER_WRITERS}
+                if name in TRACKER_WRITERS:
+                    errors.append(
+                        f"{where}.{name}: writer {name!r} is not installed; "
+                        + install_from_clone("writers", name)
+                    )
+                else:
+                    errors.append(f"{where}.{name}: unknown writer{did_you_mean(name, known)}")
                 continue
             clashing = clashes(WRITER_GROUP).get(name)
             if clashing:

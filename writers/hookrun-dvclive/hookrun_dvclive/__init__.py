@@ -50,7 +50,7 @@ class DVCLiveWriter(Writer):
         one of its choices."""
         errors = []
         if importlib.util.find_spec("dvclive") is None:
-            errors.append("the dvclive library is missing: pip install hookrun-dvclive")
+            errors.append("the dvclive library is missing: pip install 'dvclive>=3.40'")
         folder = str(options.get("dir", "dvclive"))
         if not folder or Path(folder).is_absolute() or ".." in Path(folder).parts:
             errors.append(f"dir: a folder inside the work dir (got {folder!r})")

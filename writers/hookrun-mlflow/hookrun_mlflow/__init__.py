@@ -66,7 +66,7 @@ class MlflowWriter(Writer):
         """The library is there, and ``log_checkpoints`` is one of its choices."""
         errors = []
         if importlib.util.find_spec("mlflow") is None:
-            errors.append("the mlflow library is missing: pip install hookrun-mlflow")
+            errors.append("the mlflow library is missing: pip install 'mlflow-skinny>=3.0'")
         choice = options.get("log_checkpoints", "none")
         if choice not in CHECKPOINT_CHOICES:
             errors.append(

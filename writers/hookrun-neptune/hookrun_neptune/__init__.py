@@ -62,7 +62,7 @@ class NeptuneWriter(Writer):
         ``init_kwargs`` does not set what the writer's own options set."""
         errors = []
         if importlib.util.find_spec("neptune") is None:
-            errors.append("the neptune library is missing: pip install hookrun-neptune")
+            errors.append("the neptune library is missing: pip install 'neptune>=1.10,<2'")
         mode = options.get("mode")
         if mode is not None and mode not in MODES:
             errors.append(f"mode: expected one of {', '.join(MODES)} (got {mode!r})")

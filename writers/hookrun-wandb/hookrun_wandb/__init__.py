@@ -66,7 +66,7 @@ class WandbWriter(Writer):
         ``init_kwargs`` does not set what the writer's own options set."""
         errors = []
         if importlib.util.find_spec("wandb") is None:
-            errors.append("the wandb library is missing: pip install hookrun-wandb")
+            errors.append("the wandb library is missing: pip install 'wandb>=0.25'")
         mode = options.get("mode")
         if mode is not None and mode not in MODES:
             errors.append(f"mode: expected one of {', '.join(MODES)} (got {mode!r})")
