@@ -283,3 +283,28 @@ def test_one_of_hookruns_own_plugins_not_installed_names_its_folder(monkeypatch,
         "from a clone of hookrun (not on the package index yet)"
     )
     assert (root / "plugins" / "hookrun-ema" / "pyproject.toml").is_file()
+
+
+def test_disabling_one_of_hookruns_own_plugins_that_is_not_installed_is_accepted(
+    monkeypatch, tmp_path
+):
+    """`timer: false` in a config shared with an environment without the timer plugin has
+    nothing to disable; enabling it, or disabling an unknown name (a typo would leave the
+    plugin it meant on), stays an error."""
+    import hookrun.manager
+
+    real = hookrun.manager.scan  # what the manager finds installed: all but the timer
+    monkeypatch.setattr(
+        hookrun.manager,
+        "scan",
+        lambda group: ({k: v for k, v in real(group)[0].items() if k != "timer"}, {}),
+    )
+    runner = Runner(**toy_runner_kwargs(tmp_path / "a", plugins={"timer": False, "ema": {}}))
+    assert list(runner.plugins) == ["ema"]
+    for plugins, line in [
+        ({"timer": {}}, "plugins.timer: plugin 'timer' is not installed; pip install"),
+        ({"timr": False}, "plugins.timr: unknown plugin 'timr'"),
+    ]:
+        with pytest.raises(PluginError) as info:
+            Runner(**toy_runner_kwargs(tmp_path / "b", plugins=plugins))
+        assert info.value.lines[0].startswith(line), info.value.lines

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from hookrun import hookspecs
 from hookrun.arguments import MAX_INT
 from hookrun.discovery import (
+    OWN_PLUGINS,
     PLUGIN_GROUP,
     EntryPointInfo,
     autoload_enabled,
@@ -95,6 +96,8 @@ class PluginManager:
         errors: list[str] = []
         for name, value in config.items():
             if name not in self.installed:
+                if value is False and name in OWN_PLUGINS:
+                    continue  # one config for environments with and without it: nothing to do
                 errors.append(unknown_plugin_message(name, f"{self.where}.{name}", self.installed))
             elif not (value is None or isinstance(value, (bool, Mapping))):
                 errors.append(
