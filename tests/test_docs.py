@@ -315,23 +315,23 @@ def page_folder(tmp_path, monkeypatch, request) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("page", RUNNABLE_PAGES)
-def test_runnable_blocks(page, page_folder, capsys):
-    """The page's blocks but the slow ones, `examples/` linked into the folder."""
-    (page_folder / "examples").symlink_to(ROOT / "examples")
+def run_page(page: str, folder: Path, bash, slow_too: bool) -> None:
+    """The page's marked blocks in order, in ``folder`` (the current one): files written there,
+    python run here in one namespace, each output block checked against what the bash block
+    before it printed; ``bash(code, options, where)`` runs a bash block and returns its exit
+    code and output. Without ``slow_too``, slow blocks and what they printed are left out."""
     namespace: dict = {"__name__": "__docs__"}
     previous, output = ("", ""), ""
     for number, (kind, options, language, code) in enumerate(
         marked_blocks((ROOT / page).read_text()), 1
     ):
         where = f"{page}, block {number}"
-        if kind == "output" and is_slow(*previous):
-            continue  # what a slow command printed
-        previous = (kind, options)
-        if is_slow(kind, options):
+        left_out = is_slow(kind, options) or (kind == "output" and is_slow(*previous))
+        previous = (kind, options) if kind != "output" else previous
+        if left_out and not slow_too:
             continue
         if kind == "file":
-            target = page_folder / options
+            target = folder / options
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(code + "\n")
         elif kind == "output":
@@ -342,10 +342,17 @@ def test_runnable_blocks(page, page_folder, capsys):
         elif language == "python":
             exec(compile(code, where, "exec"), namespace)
         elif language == "bash":
-            exit_code, output = run_bash_block(code, page_folder, capsys)
+            exit_code, output = bash(code, options, where)
             assert exit_code == expected_exit(options), f"{where}: exit {exit_code}\n{tail(output)}"
         else:
             pytest.fail(f"{where}: cannot run a {language!r} block")
+
+
+@pytest.mark.parametrize("page", RUNNABLE_PAGES)
+def test_runnable_blocks(page, page_folder, capsys):
+    """The page's blocks but the slow ones, `examples/` linked into the folder."""
+    (page_folder / "examples").symlink_to(ROOT / "examples")
+    run_page(page, page_folder, lambda code, *_: run_bash_block(code, page_folder, capsys), False)
 
 
 def tail(output: str) -> str:
@@ -429,32 +436,20 @@ def assert_serves(code: str, cwd: Path, env: dict[str, str], where: str) -> str:
 @pytest.mark.parametrize("page", SLOW_PAGES)
 def test_tutorial_page(page, page_folder):
     """Every marked block of the page, in a copy of the repository, as a reader runs them."""
-    text = (ROOT / page).read_text()
     repo = copy_of_the_repository(page_folder / "hookrun")
-    env = reader_env(page_folder / "venv", "<!-- venv: empty -->" not in text)
-    namespace: dict = {"__name__": "__docs__"}
-    output = ""
+    empty = "<!-- venv: empty -->" in (ROOT / page).read_text()
+    env = reader_env(page_folder / "venv", not empty)
     os.chdir(repo)
-    for number, (kind, options, language, code) in enumerate(marked_blocks(text), 1):
-        where = f"{page}, block {number}"
-        if kind == "file":
-            (repo / options).parent.mkdir(parents=True, exist_ok=True)
-            (repo / options).write_text(code + "\n")
-        elif kind == "output":
-            assert_shown_output(code, output, where)
-        elif "ci" in options.split():
-            continue  # test_runnable_blocks checks it against .ci/run
-        elif language == "python":
-            exec(compile(code, where, "exec"), namespace)
-        elif language == "bash" and "serves" in options.split():
-            output = assert_serves(code, repo, env, where)
-        elif language == "bash":
-            started = time.perf_counter()
-            exit_code, output = run_in_bash(code, repo, env, timeout=1200)
-            assert exit_code == expected_exit(options), f"{where}: exit {exit_code}\n{tail(output)}"
-            print(f"{where}: {time.perf_counter() - started:.0f} s")  # the page's durations (-s)
-        else:
-            pytest.fail(f"{where}: cannot run a {language!r} block")
+
+    def bash(code: str, options: str, where: str) -> tuple[int, str]:
+        if "serves" in options.split():
+            return 0, assert_serves(code, repo, env, where)
+        started = time.perf_counter()
+        result = run_in_bash(code, repo, env, timeout=1200)
+        print(f"{where}: {time.perf_counter() - started:.0f} s")  # the page's durations (-s)
+        return result
+
+    run_page(page, repo, bash, True)
 
 
 def test_marked_blocks_are_found():

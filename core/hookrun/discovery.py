@@ -137,8 +137,8 @@ def install_from_clone(folder: str, name: str) -> str:
 
 def unknown_plugin_message(name: str, where: str, known: Iterable[object]) -> str:
     """The one-line error for a plugin name nobody installed."""
-    hint = did_you_mean(name, known)
     if name in OWN_PLUGINS:
         return f"{where}: plugin {name!r} is not installed; {install_from_clone('plugins', name)}"
+    hint = did_you_mean(name, known)
     dist = distribution_name(name)
     return f"{where}: unknown plugin {name!r}{hint}; if it is a package, `pip install {dist}`"

@@ -255,16 +255,17 @@ class Runner:
             return self.iter + 1 == self.max_iters
         # the last batch of the last epoch, not max_epochs * len(loader): an epoch continued
         # on another number of ranks has another number of iterations
-        loader = self._loaders["train"]
-        per_epoch = len(loader) if loader is not None else 1
-        return self.is_last_epoch() and self.inner_iter + 1 == per_epoch
+        return self.is_last_epoch() and self.inner_iter + 1 == self._batches_per_epoch()
 
     def is_last_epoch(self) -> bool:
         if self.by_epoch:
             return self.epoch + 1 == self.max_epochs
+        return self.epoch + 1 == -(-self.max_iters // self._batches_per_epoch())
+
+    def _batches_per_epoch(self) -> int:
+        """The train loader's length (1 without a loader: the epoch arithmetic's divisor)."""
         loader = self._loaders["train"]
-        per_epoch = len(loader) if loader is not None else 1
-        return self.epoch + 1 == -(-self.max_iters // per_epoch)
+        return len(loader) if loader is not None else 1
 
     def info(self, message: str) -> None:
         """A one-line notice on rank 0's console."""

@@ -242,13 +242,13 @@ def _resolve(spec: Any) -> tuple[list[tuple[Any, dict[str, Any]]], list[str]]:
         if cls is None:
             available = available or installed(WRITER_GROUP)
             if name not in available:
-                known = {*BUILTIN_WRITERS, *available, *TRACKER_WRITERS}
                 if name in TRACKER_WRITERS:
                     errors.append(
                         f"{where}.{name}: writer {name!r} is not installed; "
                         + install_from_clone("writers", name)
                     )
                 else:
+                    known = {*BUILTIN_WRITERS, *available, *TRACKER_WRITERS}
                     errors.append(f"{where}.{name}: unknown writer{did_you_mean(name, known)}")
                 continue
             clashing = clashes(WRITER_GROUP).get(name)
