@@ -45,7 +45,12 @@ class SaveInLastValidation:
 
 
 def train(
-    tmp_path: Any, dtype: torch.dtype, ema: dict | None, slow: EMA | None, precise_bn: bool = False
+    tmp_path: Any,
+    dtype: torch.dtype,
+    ema: dict | None,
+    slow: EMA | None,
+    precise_bn: bool = False,
+    extra: list[object] = (),
 ) -> tuple:
     """3 epochs of 6 iterations with validation after each and a test at the end; ``ema``'s
     settings enable the installed plugin, ``slow`` joins as a plugin instance."""
@@ -71,6 +76,7 @@ def train(
             recorder,
             *([slow] if slow else []),
             SaveInLastValidation(tmp_path / "in_val.pt", 3),
+            *extra,
         ],
     )
     runner.train()
@@ -80,6 +86,11 @@ def train(
 
 def weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def clones(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` apart from the tensors that will change (a live average's)."""
+    return {k: v.clone() for k, v in state.items()}
 
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -196,3 +207,33 @@ def test_precise_bn_with_two_averages_recomputes_each_and_leaves_training_alone(
     assert_same(weights(model), trained)
     assert_same(slow.state_dict()["model"], states["ema_slow"])
     assert_same(runner.plugins["ema"].state_dict()["model"], states["ema"])
+
+
+class FailingValidation:
+    """Raises in ``after_val_epoch`` (before both averages' ``after_val``) when armed."""
+
+    priority = 10
+    armed = False
+
+    @hookimpl
+    def after_val_epoch(self) -> None:
+        if self.armed:
+            raise RuntimeError("validation failed")
+
+
+def test_raising_validation_with_two_averages_gives_back_the_trained_weights(tmp_path) -> None:
+    slow, failing = SlowEMA(EMASettings(decay=0.95, warmup=False)), FailingValidation()
+    ema = {"decay": 0.8, "warmup": False}
+    runner, _, _ = train(tmp_path, torch.float32, ema, slow, extra=[failing])
+    model, plugins = runner.unwrapped_model, (runner.plugins["ema"], slow)
+    trained = weights(model)
+    averages = [clones(p.state_dict()["model"]) for p in plugins]
+    good = runner.val()
+    failing.armed = True
+    with pytest.raises(RuntimeError, match="validation failed"):
+        runner.val()
+    assert_same(weights(model), trained)
+    for plugin, average in zip(plugins, averages, strict=True):
+        assert_same(plugin.state_dict()["model"], average)
+    failing.armed = False
+    assert runner.val() == good
