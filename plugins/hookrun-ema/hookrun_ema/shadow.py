@@ -114,10 +114,10 @@ class Shadow:
     def refresh(self) -> None:
         """The average set to the trained weights (tracking before ``start_iter``), read
         from under any averages other plugins have swapped into the model."""
+        self.stale = False
         with swap_stack(self.model).exposed(), torch.no_grad():
             targets = [_local(t) for t in self.targets]
             torch._foreach_copy_(self.tensors, self._sources(targets))
-        self.stale = False
 
     def swap_in(self) -> None:
         """Put the average into the model: exchange storage where dtype and device match
