@@ -43,6 +43,8 @@ _EXPORTS = {
     "already_sharded": "hookrun.sharding",
     "checkpoint_state_file": "hookrun.checkpoint",
     "remove_checkpoint": "hookrun.checkpoint",
+    "SwapStack": "hookrun.swaps",
+    "swap_stack": "hookrun.swaps",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -74,6 +76,8 @@ if TYPE_CHECKING:
     from hookrun.sharding import already_sharded as already_sharded
     from hookrun.steps import batch_size as batch_size
     from hookrun.surface import RunnerProtocol as RunnerProtocol
+    from hookrun.swaps import SwapStack as SwapStack
+    from hookrun.swaps import swap_stack as swap_stack
     from hookrun.timefmt import format_duration as format_duration
     from hookrun.writers import CHECKPOINT_CHOICES as CHECKPOINT_CHOICES
     from hookrun.writers import Writer as Writer

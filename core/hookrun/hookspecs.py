@@ -250,13 +250,15 @@ def before_val(runner: RunnerProtocol) -> None:
 
     Arguments: ``runner``.
     A hook may: swap evaluation weights in (they must be swapped back in ``after_val``
-    and in ``on_exception``).
+    and in ``on_exception``). ``after_val`` runs hooks in the same order as ``before_val``,
+    not in reverse, so swaps go through the model's ``hookrun.swap_stack``: it swaps out
+    newest first whatever order the plugins ask in, and several plugins' swaps nest.
 
     Example::
 
         @hookimpl
         def before_val(self, runner):
-            self.swap_in(runner.unwrapped_model)
+            swap_stack(runner.unwrapped_model).push(self.swap)  # has swap_in / swap_out
     """
 
 
@@ -266,13 +268,14 @@ def after_val(runner: RunnerProtocol) -> None:
     the pass short (then ``after_val_epoch`` did not fire).
 
     Arguments: ``runner``.
-    A hook may: restore what ``before_val`` changed.
+    A hook may: restore what ``before_val`` changed (swapped weights: through
+    ``hookrun.swap_stack``, which unwinds swaps pushed after this one first).
 
     Example::
 
         @hookimpl
         def after_val(self, runner):
-            self.swap_out(runner.unwrapped_model)
+            swap_stack(runner.unwrapped_model).remove(self.swap)
     """
 
 
@@ -347,13 +350,14 @@ def before_test(runner: RunnerProtocol) -> None:
     """Fires before a test pass (``runner.test()``); as ``before_val`` for the test set.
 
     Arguments: ``runner``.
-    A hook may: swap evaluation weights in.
+    A hook may: swap evaluation weights in (through ``hookrun.swap_stack``, as for
+    ``before_val``).
 
     Example::
 
         @hookimpl
         def before_test(self, runner):
-            self.swap_in(runner.unwrapped_model)
+            swap_stack(runner.unwrapped_model).push(self.swap)
     """
 
 
@@ -368,7 +372,7 @@ def after_test(runner: RunnerProtocol) -> None:
 
         @hookimpl
         def after_test(self, runner):
-            self.swap_out(runner.unwrapped_model)
+            swap_stack(runner.unwrapped_model).remove(self.swap)
     """
 
 
@@ -513,11 +517,13 @@ def extra_models(runner: RunnerProtocol) -> dict[str, Any]:  # type: ignore[empt
     Arguments: ``runner``.
     Return: a dict of name to a context manager factory: ``factory()`` enters a state where
     ``runner.unwrapped_model`` holds that model's weights and leaves it restored
-    afterwards. Results of all hooks are merged.
+    afterwards (swapping through ``hookrun.swap_stack``, so it nests with evaluation's
+    swaps). Results of all hooks are merged: name each model after the plugin (``self.name``)
+    so that two instances of one plugin class do not hide each other.
 
     Example::
 
         @hookimpl
         def extra_models(self, runner):
-            return {"ema": self.swapped_in}
+            return {self.name: self.swapped_in}
     """

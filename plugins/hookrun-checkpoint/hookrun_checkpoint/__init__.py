@@ -12,9 +12,10 @@ reads and checks the bookkeeping).
 
 Best files: a new best must beat the score each existing ``best_*.pt`` file of the metric
 actually holds (read from the file at the start of training), so a run resumed from an older
-checkpoint never replaces a better file of an abandoned timeline; a save that fails leaves the
-bookkeeping as it was; and the file the run resumed from is never written: while it is
-``best_<metric>.pt``, the run's new bests of that metric go to ``best_<metric>.iter_<N>.pt``.
+checkpoint never replaces a better file of an abandoned timeline; a save that fails (a hook
+raising while the state is collected, or the write) leaves the bookkeeping as it was; and the
+file the run resumed from is never written: while it is ``best_<metric>.pt``, the run's new
+bests of that metric go to ``best_<metric>.iter_<N>.pt``.
 
 With ``save_top_k``, the k best scores of a metric also keep their own
 ``top_<metric>_<value>_iter_<N>.pt`` files. A run that a hook ends with ``stop_training`` saves
@@ -412,10 +413,35 @@ class Checkpoint(Plugin[CheckpointSettings]):
     ) -> None:
         """Write one state to ``names`` (default: a name from its position), then point
         ``latest`` at it and delete what ``max_keep`` lets go and the best files
-        ``superseded``; bookkeeping first, so the file holds the bookkeeping as it is once the
-        file exists. A write that fails puts the bookkeeping back as it was."""
+        ``superseded``. The file holds the bookkeeping as it is once the file exists; until
+        then any failure (a ``before_save_checkpoint`` hook, the host copy, the write) puts
+        the bookkeeping back as it was, so no later checkpoint claims a file that was never
+        written. A background write keeps the old bookkeeping in ``undo`` until ``_wait``."""
         self._wait()
         previous, previous_saved = self.state_dict(), self.saved
+        sharded = runner.sharded_checkpoints  # FSDP: every rank writes its shards, in step
+        background = background and self.settings.async_save and not sharded
+        try:
+            self._save_now(runner, names, best, top, emergency, background, superseded)
+        except BaseException:
+            self._set_state(previous, previous_saved)
+            raise
+        if background and runner.is_main:
+            self.undo = (previous, previous_saved)
+        if not background:
+            dist.barrier()
+
+    def _save_now(
+        self,
+        runner: RunnerProtocol,
+        names: list[str] | None,
+        best: dict[str, dict[str, Any]] | None,
+        top: dict[str, list[dict[str, Any]]] | None,
+        emergency: bool,
+        background: bool,
+        superseded: list[str] | None,
+    ) -> None:
+        """The body of :meth:`_save`: bookkeeping for the new file, the state, the write."""
         self.best.update(best or {})
         self.top.update(top or {})
         state = runner.checkpoint_state(self.settings.save_optimizer)
@@ -429,25 +455,17 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self.saved = (dict(state["loop"]), names[-1])
         state.setdefault("plugins", {})[self.name] = self.state_dict()
         paths = [self.out_dir / name for name in names]
-        sharded = runner.sharded_checkpoints  # FSDP: every rank writes its shards, in step
-        background = background and self.settings.async_save and not sharded
-        if runner.is_main or sharded:
-            if background:
-                job = self.writer.host.copy(state)
-                write = runner.write_checkpoint
-                self.undo = (previous, previous_saved)
-                self.writer.submit(lambda: self._write(write, job, paths, delete), paths[0])
-                runner.info(f"checkpoint: writing {paths[0]} in the background")
-            else:
-                try:
-                    self._write(runner.write_checkpoint, state, paths, delete, runner.is_main)
-                except BaseException:
-                    self._set_state(previous, previous_saved)
-                    raise
-                kind = "emergency checkpoint" if emergency else "checkpoint"
-                runner.info(f"checkpoint: saved {kind} {', '.join(map(str, paths))}")
-        if not background:
-            dist.barrier()
+        if not (runner.is_main or runner.sharded_checkpoints):
+            return
+        if background:
+            job = self.writer.host.copy(state)
+            write = runner.write_checkpoint
+            self.writer.submit(lambda: self._write(write, job, paths, delete), paths[0])
+            runner.info(f"checkpoint: writing {paths[0]} in the background")
+        else:
+            self._write(runner.write_checkpoint, state, paths, delete, runner.is_main)
+            kind = "emergency checkpoint" if emergency else "checkpoint"
+            runner.info(f"checkpoint: saved {kind} {', '.join(map(str, paths))}")
 
     def _wait(self) -> None:
         """Wait for the write in flight; when it failed, put the bookkeeping back as it was

@@ -7,7 +7,10 @@ ScriptedModel's validation reports ``accuracy = scores[completed epochs - 1]``; 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -165,3 +168,40 @@ def test_resumed_from_best_file_is_never_written(make_runner: Callable) -> None:
         6,
     )
     assert (out / "best_accuracy.iter_20.pt").is_file()  # it was this run's resume point
+
+
+BEST_JOB = Path(__file__).with_name("best_job.py")
+
+
+def best_job(work_dir: Path, expect: int, **options: Any) -> subprocess.CompletedProcess[str]:
+    """``best_job.py`` in a process of its own; its exit code must be ``expect``."""
+    env = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0"}
+    command = [sys.executable, str(BEST_JOB), str(work_dir), json.dumps(options)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == expect, done.stderr
+    return done
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_best_save_refused_by_a_hook_claims_nothing_and_the_resumed_run_saves_its_next_best(
+    tmp_path: Path, async_save: bool
+) -> None:
+    scores = (0.5, 0.9, 0.7, 0.8)
+    # epoch 1 saves best 0.5; a user hook raises in the best save of epoch 2's 0.9
+    failed = best_job(tmp_path, 1, scores=scores, max_epochs=4, async_save=async_save, refuse_at=2)
+    assert "RuntimeError: user hook refuses the best checkpoint" in failed.stderr
+    out = tmp_path / "checkpoints"
+    kinds = {"epoch_1.pt", "epoch_2.pt", "best_accuracy.pt", "emergency_iter_8.pt", "latest"}
+    assert files(out) == kinds
+    assert (out / "latest").read_text() == "emergency_iter_8.pt\n"
+    on_disk = best_of(out / "best_accuracy.pt")
+    assert (on_disk["score"], on_disk["epoch"]) == (0.5, 1)
+    # the emergency checkpoint's bookkeeping names the best that is on disk, not 0.9
+    assert best_of(out / "emergency_iter_8.pt") == on_disk
+
+    resumed = best_job(tmp_path, 0, scores=scores, max_epochs=4, async_save=async_save, resume=True)
+    assert "resumed from" in resumed.stdout and "emergency_iter_8.pt" in resumed.stdout
+    assert "holds the best accuracy so far" not in resumed.stdout  # nothing to correct
+    assert "checkpoint: new best accuracy 0.7" in resumed.stdout  # 0.7 beats 0.5, not 0.9
+    best = best_of(out / "best_accuracy.pt")
+    assert (best["score"], best["epoch"], best["iter"]) == (pytest.approx(0.8), 4, 16)

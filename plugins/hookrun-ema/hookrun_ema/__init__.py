@@ -7,6 +7,8 @@ most updates away and stalls. Updates are a few ``torch._foreach_*`` calls with 
 Python-float decay, so they never wait for the device.
 Validation and test run with the average swapped into the model by exchanging tensor storage
 (no copy), and the trained weights are given back afterwards, also when evaluation raises.
+Swaps go through the model's ``hookrun.swap_stack``, so several averages (a subclass
+registered under another name) nest: each is swapped out in reverse order of swapping in.
 Checkpoints hold the average as a state dict that loads straight into the model.
 Under ``strategy: fsdp`` each rank averages its own shards of the parameters
 (:mod:`hookrun_ema.shadow`) and a sharded checkpoint holds the average as shards too.
@@ -21,7 +23,7 @@ from typing import Any, Literal
 from pydantic import Field
 from torch import nn
 
-from hookrun import Plugin, PluginSettings, Priority, RunnerProtocol, hookimpl
+from hookrun import Plugin, PluginSettings, Priority, RunnerProtocol, hookimpl, swap_stack
 from hookrun_ema.shadow import Shadow, shadow_dtype
 
 __all__ = ["EMA", "EMASettings", "Shadow", "shadow_dtype"]
@@ -65,7 +67,8 @@ class EMASettings(PluginSettings):
     evaluate: Literal["ema", "raw", "both"] = Field(
         "ema",
         description="Weights used by validation and test: `ema`, `raw` (the trained weights), or "
-        "`both` (raw metrics plus `ema/<name>` ones from a second pass with the average).",
+        "`both` (raw metrics plus `<plugin name>/<metric>` ones, `ema/accuracy` for instance, "
+        "from a second pass with the average).",
     )
 
 
@@ -84,7 +87,7 @@ class EMA(Plugin[EMASettings]):
         self.updates = 0  # averaging updates done: the t of the warm-up formula
         self.steps: int | None = 0  # optimizer steps seen; None: unknown (an older checkpoint)
         self._pending: dict[str, Any] | None = None  # state loaded before the model was seen
-        self._swaps = 0  # nesting depth of swapped_in()
+        self._swaps = 0  # nesting depth of this plugin's swap-ins
 
     # -- training ------------------------------------------------------------------------
 
@@ -166,19 +169,25 @@ class EMA(Plugin[EMASettings]):
     @hookimpl
     def extra_models(self, runner: RunnerProtocol) -> dict[str, Any]:
         self._shadow_of(runner.unwrapped_model)
-        return {"ema": self.swapped_in}
+        return {self.name: self.swapped_in}
 
     @contextlib.contextmanager
     def swapped_in(self) -> Iterator[None]:
-        """The average in the model's tensors for the ``with`` block, then the trained weights
-        again. Edits made to the model inside the block (a BatchNorm statistics pass) stay in
-        the average."""
+        """The average in the model's tensors for the ``with`` block, then what the model held
+        before (the trained weights, or averages swapped in by evaluation). Edits made to the
+        model inside the block (a BatchNorm statistics pass) stay in the average. When the
+        average is swapped in already (validation), swaps made after it step aside."""
         assert self.shadow is not None
-        self._swap_in(self.shadow.model)
+        stack = swap_stack(self.shadow.model)
+        if self.shadow in stack:
+            with stack.exposed(self.shadow):
+                yield
+            return
+        stack.push(self.shadow)
         try:
             yield
         finally:
-            self._swap_out()
+            stack.remove(self.shadow)
 
     def _add_ema_metrics(
         self, runner: RunnerProtocol, metrics: dict[str, float], loader: Any, mode: str
@@ -186,24 +195,26 @@ class EMA(Plugin[EMASettings]):
         self._shadow_of(runner.unwrapped_model)
         with self.swapped_in():
             ema_metrics = runner.evaluate(loader, mode)
-        metrics.update({f"ema/{k}": v for k, v in ema_metrics.items()})
+        metrics.update({f"{self.name}/{k}": v for k, v in ema_metrics.items()})
 
     def _swap_in(self, model: nn.Module) -> None:
-        """The average into the model's tensors. Under DDP the core gives every rank rank
-        0's buffers after the ``before_val``/``before_test`` hooks, so all ranks evaluate
-        (and save) one average."""
+        """The average into the model's tensors, on top of the model's swap stack. Under DDP
+        the core gives every rank rank 0's buffers after the ``before_val``/``before_test``
+        hooks, so all ranks evaluate (and save) one average."""
         shadow = self._shadow_of(model)
         if self._swaps == 0:
-            shadow.swap_in()
+            swap_stack(shadow.model).push(shadow)
         self._swaps += 1
 
     def _swap_out(self) -> None:
+        """The average out of the model, from wherever it sits in the swap stack: another
+        plugin's average swapped in after it stays in."""
         if self._swaps == 0:
             return
         self._swaps -= 1
         if self._swaps == 0:
             assert self.shadow is not None
-            self.shadow.swap_out()
+            swap_stack(self.shadow.model).remove(self.shadow)
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -211,7 +222,7 @@ class EMA(Plugin[EMASettings]):
     def before_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A checkpoint taken during evaluation (a best-metric save) must still hold the
         trained weights as its model, not the average swapped into it."""
-        if self._swaps and self.shadow is not None:
+        if self.shadow is not None and self.shadow in swap_stack(self.shadow.model):
             checkpoint["model"].update(self.shadow.raw_state())
 
     def state_dict(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from hookrun import CheckpointMismatchError, dist
+from hookrun import CheckpointMismatchError, dist, swap_stack
 
 
 def shadow_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -112,11 +112,12 @@ class Shadow:
             dist.broadcast_from_rank_0(self.tensors[index])
 
     def refresh(self) -> None:
-        """The average set to the current weights (tracking before ``start_iter``)."""
-        with torch.no_grad():
+        """The average set to the trained weights (tracking before ``start_iter``), read
+        from under any averages other plugins have swapped into the model."""
+        self.stale = False
+        with swap_stack(self.model).exposed(), torch.no_grad():
             targets = [_local(t) for t in self.targets]
             torch._foreach_copy_(self.tensors, self._sources(targets))
-        self.stale = False
 
     def swap_in(self) -> None:
         """Put the average into the model: exchange storage where dtype and device match
@@ -162,19 +163,36 @@ class Shadow:
                 module.reshard()
 
     def current(self) -> list[torch.Tensor]:
-        """The tensors holding the average now (the model's own while exchanged in)."""
+        """The tensors holding the average now (the model's own while exchanged in; copies
+        of them while another plugin's swap sits on top of this one)."""
         if self.stale:
             self.refresh()
         if self.saved is None:
             return self.tensors
+        stack = swap_stack(self.model)
+        if stack.entries[-1] is not self:
+            with stack.exposed(self):
+                return [t.clone() for t in self._held()]
+        return self._held()
+
+    def _held(self) -> list[torch.Tensor]:
+        """While on top of the swap stack: the tensors holding the average."""
         current = list(self.tensors)
         for i in self.exchanged:
             current[i] = self.targets[i].detach()
         return current
 
     def raw_state(self) -> dict[str, torch.Tensor]:
-        """While swapped in: every state-dict key to the tensor holding the trained value."""
+        """While swapped in: every state-dict key to the tensor holding the trained value
+        (this average's kept-aside tensors when it was swapped in first, else copies)."""
         assert self.saved is not None
+        stack = swap_stack(self.model)
+        if stack.entries[0] is not self:
+            with stack.exposed():
+                raw = {
+                    i: self._wrap(i, _local(t).detach().clone()) for i, t in enumerate(self.targets)
+                }
+            return {key: raw[i] for key, i in self.slots.items()}
         raw = {i: self.tensors[i] for i in self.exchanged}
         raw.update(
             {i: self._wrap(i, saved) for i, (saved, _) in zip(self.copied, self.saved, strict=True)}

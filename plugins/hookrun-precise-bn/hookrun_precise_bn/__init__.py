@@ -10,7 +10,6 @@ Chan's formula and summed across ranks, so unequal batch sizes and large means s
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +31,7 @@ from hookrun import (
     hookimpl,
     loader_options,
     mix_seed,
+    swap_stack,
 )
 
 
@@ -84,8 +84,11 @@ class PreciseBN(Plugin[PreciseBNSettings]):
 
     def recompute(self, runner: RunnerProtocol) -> None:
         """One pass per model, each seeing the same batches; every RNG is restored after, so
-        the training run is the same with or without this plugin."""
-        models: dict[str, Callable[[], Any]] = {"model": contextlib.nullcontext}
+        the training run is the same with or without this plugin. The trained model's pass
+        runs on the trained weights even while other plugins have averages swapped in (they
+        are swapped out for it and back in after); each extra model's factory swaps it in on
+        top of the model's swap stack, and out again in reverse order."""
+        models: dict[str, Callable[[], Any]] = {"model": swap_stack(runner.unwrapped_model).exposed}
         if self.settings.models == "all":
             models.update(runner.extra_models())
         rng = runner.rng_state()
