@@ -7,6 +7,7 @@ Kept free of torch at import so that reading a config stays light.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -35,17 +36,30 @@ MAX_INT = 2**63 - 1
 class ClipGradNorm(BaseModel):
     """Keyword arguments of ``torch.nn.utils.clip_grad_norm_``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_norm: float = Field(gt=0, description="Largest total gradient norm.")
-    norm_type: float = Field(2.0, description="Order of the norm (`inf` for the max norm).")
+    norm_type: float = Field(
+        2.0,
+        allow_inf_nan=True,
+        description="Order of the norm (`inf` for the max norm; NaN and `-inf` are refused).",
+    )
+
+    @field_validator("norm_type")
+    @classmethod
+    def _number_or_inf(cls, value: float) -> float:
+        """``inf`` is torch's max norm; NaN (every weight NaN after a step) and ``-inf``
+        are no norm a user means."""
+        if math.isnan(value) or value == -math.inf:
+            raise ValueError("Input should be a finite number or inf")
+        return value
 
 
 class FsdpSettings(BaseModel):
     """How ``strategy: fsdp`` shards the model (``hookrun.fsdp``): which submodules become
     their own ``fully_shard`` units, and FSDP2's per-unit options."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     wrap: list[str] = Field(
         [],
@@ -101,9 +115,10 @@ WritersSpec = Annotated[
 
 
 class RunnerArguments(BaseModel):
-    """The plain keyword arguments of ``hookrun.Runner`` (everything but its objects)."""
+    """The plain keyword arguments of ``hookrun.Runner`` (everything but its objects); no
+    float takes NaN or an infinity unless its description says so."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_epochs: int | None = Field(
         None,
