@@ -32,6 +32,30 @@ if TYPE_CHECKING:
 #: The largest integer torch and Python's C code take (a 64-bit signed integer).
 MAX_INT = 2**63 - 1
 
+NAME_MAX = 255
+"""The longest file or folder name, in bytes, that common file systems take (ext4, XFS,
+Btrfs, ZFS, APFS); a longer one fails every call with ``ENAMETOOLONG``."""
+
+PATH_MAX = 4096
+"""Linux's limit on a whole path, in bytes, its terminating NUL included."""
+
+
+def path_problem(value: str) -> str | None:
+    """Why ``value`` cannot name a file or folder on common file systems (a NUL byte, a name
+    longer than :data:`NAME_MAX` bytes, a path of :data:`PATH_MAX` bytes or more), or None.
+    Checked where a path is given, so it is one line rather than an ``OSError`` later."""
+    if "\0" in value:
+        return "a path cannot hold a NUL byte"
+    encoded = os.fsencode(value)
+    if len(encoded) >= PATH_MAX:
+        return f"the path is {len(encoded)} bytes long; file systems take at most {PATH_MAX - 1}"
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        return (
+            f"a name in the path is {len(longest)} bytes long; file systems take at most {NAME_MAX}"
+        )
+    return None
+
 
 class ClipGradNorm(BaseModel):
     """Keyword arguments of ``torch.nn.utils.clip_grad_norm_``."""
@@ -236,10 +260,16 @@ class RunnerArguments(BaseModel):
     @field_validator("work_dir")
     @classmethod
     def _a_path(cls, value: str) -> str:
-        if "\0" in value:
-            raise ValueError("a path cannot hold a NUL byte")
+        """``~`` is expanded here, once: every check, line and write then uses the same
+        path (YAML and the API do not expand it as a shell does)."""
         if not value.strip():
             raise ValueError("give a folder")
+        problem = path_problem(value)
+        if problem is None:
+            value = os.path.expanduser(value)
+            problem = path_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("max_iters")

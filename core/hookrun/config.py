@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hookrun.arguments import RunnerArguments, error_lines
+from hookrun.arguments import RunnerArguments, error_lines, path_problem
 from hookrun.errors import ConfigError, HookrunError, validation_lines
 from hookrun.optimizers import (
     OptimizerConfig,
@@ -343,20 +343,39 @@ def device_errors(runner: RunnerConfig) -> list[str]:
 
 
 def work_dir_errors(work_dir: str) -> list[str]:
-    """Whether the run can create and write its folder: its nearest existing ancestor (or
-    itself) is a folder this process may write in, on a file system that is writable and
-    not full. Nothing is created."""
-    path = Path(work_dir).expanduser()
-    where = "runner.work_dir"
-    if path.exists() and not path.is_dir():
-        return [f"{where}: {work_dir} exists and is not a folder"]
-    existing = path
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if not existing.is_dir():
-        return [f"{where}: cannot create {work_dir}: {existing} is a file, not a folder"]
+    """Whether the run can create and write its folder (:func:`place_errors`)."""
+    return place_errors("runner.work_dir", work_dir, folder=True)
+
+
+def place_errors(where: str, path: str | Path, folder: bool) -> list[str]:
+    """Whether hookrun can create and write ``path``, a folder (``folder``) or a file: a name
+    file systems take, no file where the folder goes (no folder where the file goes), and its
+    nearest existing ancestor (or itself) a folder this process may write in, on a file
+    system that is writable and not full. Nothing is created. ``where`` names the setting or
+    argument in the line; the work dir, ``export``'s OUT, ``schedule --plot`` and ``plugins
+    new --dir`` are checked here."""
+    problem = path_problem(str(path))
+    if problem:
+        return [f"{where}: {problem} (got {str(path)!r})"]
+    try:
+        return _place_errors(where, Path(path), folder)
+    except OSError as exc:  # e.g. a folder on the way this process may not look into
+        return [f"{where}: cannot check {path}: {exc.strerror}"]
+
+
+def _place_errors(where: str, path: Path, folder: bool) -> list[str]:
+    if path.exists():
+        if folder and not path.is_dir():
+            return [f"{where}: {path} exists and is not a folder"]
+        if not folder and path.is_dir():
+            return [f"{where}: {path} is a folder; name the file to write"]
+        existing = path if folder else path.parent  # a file is replaced in its folder
+    else:
+        existing = path.parent
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+        if not existing.is_dir():
+            return [f"{where}: cannot create {path}: {existing} is a file, not a folder"]
     try:
         stat = os.statvfs(existing)
     except OSError:
