@@ -486,8 +486,8 @@ def schedule(config: Path, overrides: Sequence[str], plot: Path | None, as_json:
 
     loaded = cfg.load(config, overrides)
     if plot is not None:
-        lr_schedule.check_plot_extra()
         _check_place("--plot", plot, folder=False)
+        lr_schedule.check_plot_extra()
     if not as_json:  # machine-readable output holds nothing else
         _notice(f"building task {loaded.data['task']} ...")
     steps = lr_schedule.compute(loaded)
