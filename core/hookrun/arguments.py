@@ -167,7 +167,8 @@ class RunnerArguments(BaseModel):
     work_dir: str = Field(
         "runs/exp",
         description="Folder for logs, TensorBoard events, checkpoints and the "
-        "resolved config; a relative path is relative to the current directory.",
+        "resolved config; a relative path is relative to the current directory, and a "
+        "leading `~` is the home folder.",
     )
     seed: int = Field(
         0,
