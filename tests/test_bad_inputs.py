@@ -48,7 +48,7 @@ def hookrun(*args: object, cwd: Path, **env: str) -> subprocess.CompletedProcess
         text=True,
         cwd=cwd,
         env=isolated(**env),
-        timeout=300,
+        timeout=120,  # a command that waits on a FIFO fails here instead of hanging
     )
 
 
@@ -345,6 +345,13 @@ def test_a_config_file_mistake_is_one_line_naming_the_file_and_line(toy, tmp_pat
     content, line = FILE_MISTAKES[mistake]
     (tmp_path / "bad.yaml").write_bytes(content)
     assert refused(hookrun("config", "validate", "bad.yaml", cwd=tmp_path)) == [line]
+
+
+def test_a_config_that_is_a_fifo_is_one_line_not_a_hang(toy, tmp_path):
+    os.mkfifo(tmp_path / "pipe.yaml")
+    assert refused(hookrun("config", "validate", "pipe.yaml", cwd=tmp_path)) == [
+        "pipe.yaml: not a regular file; name the config file"
+    ]
 
 
 def test_train_refuses_a_duplicate_key_and_creates_nothing(toy, tmp_path):

@@ -138,8 +138,10 @@ def load(
 def read_yaml(path: Path) -> dict[str, Any]:
     """The config file as a mapping; any reason it cannot be read is one line naming it."""
     try:
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"{path}: config file not found")
+        if not path.is_file():  # a folder, a FIFO (reading it would wait forever), a device
+            raise ConfigError(f"{path}: not a regular file; name the config file")
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from None
