@@ -7,6 +7,7 @@ Kept free of torch at import so that reading a config stays light.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -31,21 +32,58 @@ if TYPE_CHECKING:
 #: The largest integer torch and Python's C code take (a 64-bit signed integer).
 MAX_INT = 2**63 - 1
 
+NAME_MAX = 255
+"""The longest file or folder name, in bytes, that common file systems take (ext4, XFS,
+Btrfs, ZFS, APFS); a longer one fails every call with ``ENAMETOOLONG``."""
+
+PATH_MAX = 4096
+"""Linux's limit on a whole path, in bytes, its terminating NUL included."""
+
+
+def path_problem(value: str) -> str | None:
+    """Why ``value`` cannot name a file or folder on common file systems (a NUL byte, a name
+    longer than :data:`NAME_MAX` bytes, a path of :data:`PATH_MAX` bytes or more), or None.
+    Checked where a path is given, so it is one line rather than an ``OSError`` later."""
+    if "\0" in value:
+        return "a path cannot hold a NUL byte"
+    encoded = os.fsencode(value)
+    if len(encoded) >= PATH_MAX:
+        return f"the path is {len(encoded)} bytes long; file systems take at most {PATH_MAX - 1}"
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        return (
+            f"a name in the path is {len(longest)} bytes long; file systems take at most {NAME_MAX}"
+        )
+    return None
+
 
 class ClipGradNorm(BaseModel):
     """Keyword arguments of ``torch.nn.utils.clip_grad_norm_``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_norm: float = Field(gt=0, description="Largest total gradient norm.")
-    norm_type: float = Field(2.0, description="Order of the norm (`inf` for the max norm).")
+    norm_type: float = Field(
+        2.0,
+        allow_inf_nan=True,
+        description="Order of the norm (`inf` for the max norm; NaN and `-inf` are refused).",
+    )
+
+    @field_validator("norm_type")
+    @classmethod
+    def _number_or_inf(cls, value: float) -> float:
+        """``inf`` is torch's max norm; NaN (every weight NaN after a step) and ``-inf``
+        are no norm a user means."""
+        if math.isnan(value) or value == -math.inf:
+            raise ValueError("Input should be a finite number or inf")
+        return value
 
 
 class FsdpSettings(BaseModel):
     """How ``strategy: fsdp`` shards the model (``hookrun.fsdp``): which submodules become
     their own ``fully_shard`` units, and FSDP2's per-unit options."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     wrap: list[str] = Field(
         [],
@@ -101,9 +139,10 @@ WritersSpec = Annotated[
 
 
 class RunnerArguments(BaseModel):
-    """The plain keyword arguments of ``hookrun.Runner`` (everything but its objects)."""
+    """The plain keyword arguments of ``hookrun.Runner`` (everything but its objects); no
+    float takes NaN or an infinity unless its description says so."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_epochs: int | None = Field(
         None,
@@ -128,7 +167,8 @@ class RunnerArguments(BaseModel):
     work_dir: str = Field(
         "runs/exp",
         description="Folder for logs, TensorBoard events, checkpoints and the "
-        "resolved config; a relative path is relative to the current directory.",
+        "resolved config; a relative path is relative to the current directory, and a "
+        "leading `~` is the home folder.",
     )
     seed: int = Field(
         0,
@@ -221,10 +261,16 @@ class RunnerArguments(BaseModel):
     @field_validator("work_dir")
     @classmethod
     def _a_path(cls, value: str) -> str:
-        if "\0" in value:
-            raise ValueError("a path cannot hold a NUL byte")
+        """``~`` is expanded here, once: every check, line and write then uses the same
+        path (YAML and the API do not expand it as a shell does)."""
         if not value.strip():
             raise ValueError("give a folder")
+        problem = path_problem(value)
+        if problem is None:
+            value = os.path.expanduser(value)
+            problem = path_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("max_iters")

@@ -74,7 +74,21 @@ class _Group(click.Group):
 cli.__class__ = _Group
 
 
-config_argument = click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+def _path_name(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A path argument or option whose name no file system takes (a name over 255 bytes, a
+    NUL byte) is one line, exit 2, before anything is read or created."""
+    from hookrun.arguments import path_problem
+
+    problem = None if value is None or value == "auto" else path_problem(str(value))
+    if problem:
+        name = param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
+        raise HookrunError(f"{name}: {problem} (got {str(value)!r})")
+    return value
+
+
+config_argument = click.argument(
+    "config", type=click.Path(dir_okay=False, path_type=Path), callback=_path_name
+)
 set_option = click.option(
     "--set",
     "overrides",
@@ -95,6 +109,7 @@ work_dir_option = click.option(
 @click.option(
     "--resume",
     metavar="auto|PATH",
+    callback=_path_name,
     help="Continue a run: 'auto' takes the newest loadable checkpoint of the work dir "
     "(fresh start when there is none), or give a checkpoint file.",
 )
@@ -181,6 +196,7 @@ def _notice(message: str) -> None:
 checkpoint_option = click.option(
     "--checkpoint",
     metavar="PATH",
+    callback=_path_name,
     help="Checkpoint file to evaluate (default: the run's latest checkpoint in the work dir).",
 )
 
@@ -210,8 +226,8 @@ def test_command(
 
 
 @cli.command(name="export")
-@click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("checkpoint", type=click.Path(path_type=Path), callback=_path_name)
+@click.argument("out", type=click.Path(path_type=Path), callback=_path_name)
 @click.option("--ema", is_flag=True, help="Export the EMA plugin's averaged weights instead.")
 def export_command(checkpoint: Path, out: Path, ema: bool) -> None:
     """Write the model weights of CHECKPOINT (a file, or a sharded checkpoint folder) to OUT:
@@ -220,6 +236,16 @@ def export_command(checkpoint: Path, out: Path, ema: bool) -> None:
 
     count = export(checkpoint, out, ema)
     echo(f"[hookrun] wrote {out}: {count} entries of the {'EMA' if ema else 'model'} weights")
+
+
+def _check_place(where: str, path: str | Path, folder: bool) -> None:
+    """Refuse an output path hookrun cannot create or write (a file where a folder goes, a
+    folder where the file goes), before any work: :func:`hookrun.config.place_errors`."""
+    from hookrun.config import place_errors
+
+    errors = place_errors(where, path, folder)
+    if errors:
+        raise HookrunError(errors)
 
 
 def _evaluate(
@@ -392,6 +418,7 @@ def plugins_new(name: str, directory: str) -> None:
     """Write a ready-to-install plugin package hookrun-NAME (pyproject, module, test)."""
     from hookrun.scaffold import new_plugin
 
+    _check_place("--dir", directory, folder=True)
     root = new_plugin(name, directory)
     echo(f"wrote {root}; next: pip install -e {root} && hookrun plugins show {name}")
 
@@ -448,6 +475,7 @@ def config_validate(config: Path, overrides: Sequence[str]) -> None:
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="PNG",
+    callback=_path_name,
     help="Also draw the schedule into this PNG file (needs the plot extra: matplotlib).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Every iteration as JSON.")
@@ -458,6 +486,7 @@ def schedule(config: Path, overrides: Sequence[str], plot: Path | None, as_json:
 
     loaded = cfg.load(config, overrides)
     if plot is not None:
+        _check_place("--plot", plot, folder=False)
         lr_schedule.check_plot_extra()
     if not as_json:  # machine-readable output holds nothing else
         _notice(f"building task {loaded.data['task']} ...")
@@ -477,6 +506,7 @@ def schedule(config: Path, overrides: Sequence[str], plot: Path | None, as_json:
         interval = loaded.runner["scheduler_interval"]
         echo(f"{len(steps)} iterations; the schedule steps per {interval}")
     if plot is not None:
+        plot.parent.mkdir(parents=True, exist_ok=True)  # as export creates OUT's folders
         lr_schedule.plot(steps, plot, f"{config} ({len(steps)} iterations)")
         echo(f"wrote {plot}")
 

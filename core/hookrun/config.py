@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hookrun.arguments import RunnerArguments, error_lines
+from hookrun.arguments import RunnerArguments, error_lines, path_problem
 from hookrun.errors import ConfigError, HookrunError, validation_lines
 from hookrun.optimizers import (
     OptimizerConfig,
@@ -57,7 +57,7 @@ class RunnerConfig(RunnerArguments):
 class Config(BaseModel):
     """The whole config file."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     task: str = Field(
         description="What builds the model and data: `module:callable`, or "
@@ -136,20 +136,127 @@ def load(
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+    """The config file as a mapping; any reason it cannot be read is one line naming it."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if not path.exists():
+            raise ConfigError(f"{path}: config file not found")
+        if not path.is_file():  # a folder, a FIFO (reading it would wait forever), a device
+            raise ConfigError(f"{path}: not a regular file; name the config file")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte {raw[exc.start]:#04x}); save the file as UTF-8"
+        ) from None
+    try:
+        data = load_yaml(text)
+    except yaml.reader.ReaderError as exc:  # a control character
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(
+            f"{path}:{line}: invalid YAML: control character #x{exc.character:04x} is not allowed"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+        kind = "" if isinstance(exc, _Refused) else "invalid YAML: "
+        raise ConfigError(f"{where}: {kind}{problem}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys (task, runner, plugins, ...)")
     return data
+
+
+MAX_DEPTH = 100
+"""The deepest nesting of mappings and lists a config file (or a ``--set`` value) may hold;
+deeper is refused while the file is read (Python's own limit would end in a traceback)."""
+
+MAX_ALIAS_VALUES = 100_000
+"""How many values (scalars, lists, mappings) the aliases of one file may stand for in all,
+each alias counted as a copy of what it names: a "billion laughs" file of a few hundred bytes
+is refused while it is read, in bounded time and memory."""
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """YAML that parses but that hookrun refuses to read (too deep, aliases beyond the bound,
+    a key given twice); ``problem`` is the whole message."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing while it composes the document, before any value is
+    built: nesting deeper than :data:`MAX_DEPTH`, aliases standing for more than
+    :data:`MAX_ALIAS_VALUES` values, an alias inside the value it names, and a key given
+    twice in one mapping (PyYAML keeps the last silently)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliased = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> values it stands for, aliases expanded
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):
+            anchor = self.peek_event().anchor
+            node = super().compose_node(parent, index)
+            size = self._sizes.get(id(node))
+            if size is None:
+                problem = f"alias *{anchor} is used inside the value it names"
+                raise _Refused(None, None, problem, mark)
+            self._aliased += size
+            if self._aliased > MAX_ALIAS_VALUES:
+                raise _Refused(
+                    None,
+                    None,
+                    f"aliases stand for more than {MAX_ALIAS_VALUES:,} values (at *{anchor}); "
+                    "write the values out or use fewer aliases",
+                    mark,
+                )
+            return node
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _Refused(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+            _check_keys(node)
+        self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in children)
+        return node
+
+
+def _check_keys(node: yaml.MappingNode) -> None:
+    """A key given twice in one mapping; keys merged in with ``<<`` may repeat (they are
+    overridden by design)."""
+    seen: dict[tuple[str, str], Any] = {}
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        first = seen.get((key.tag, key.value))
+        if first is None:
+            seen[(key.tag, key.value)] = key.start_mark
+        else:
+            raise _Refused(
+                None,
+                None,
+                f"duplicate key {key.value!r} (first at line {first.line + 1}); give each key once",
+                key.start_mark,
+            )
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` as YAML through :class:`_BoundedLoader` (safe tags only)."""
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> list[str]:
@@ -162,7 +269,10 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> list[str]
             errors.append(f"--set {item}: expected KEY=VALUE with a dotted KEY (a.b=1)")
             continue
         try:
-            value = yaml.safe_load(text)
+            value = load_yaml(text)
+        except _Refused as exc:
+            errors.append(f"--set {key.strip()}: {exc.problem}")
+            continue
         except yaml.YAMLError:
             errors.append(f"--set {item}: value is not valid YAML")
             continue
@@ -183,13 +293,15 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> list[str]
 def validate(raw: dict[str, Any], path: Path) -> list[str]:
     """Every error of the file: structure and runner, task target, writers, plugins."""
     errors: list[str] = []
+    refused: set[tuple[Any, ...]] = set()  # what pydantic refused: no cross-check reads it
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
         errors += _lines(exc)
+        refused = {tuple(err["loc"][:2]) for err in exc.errors()}
         config = None
     task = raw.get("task")
-    if isinstance(task, str) and ":" in task:
+    if isinstance(task, str) and ("task",) not in refused:
         found = check_task(task, path)
         errors += found or task_args_errors(task, path, raw.get("task_args", {}))
     runner = raw.get("runner")
@@ -201,7 +313,8 @@ def validate(raw: dict[str, Any], path: Path) -> list[str]:
     if config is not None:
         errors += device_errors(config.runner)
         errors += work_dir_errors(config.runner.work_dir)
-    errors += _interval_errors(raw.get("scheduler"), runner)
+    if not refused & {("runner", "scheduler_interval"), ("scheduler", "interval")}:
+        errors += _interval_errors(raw.get("scheduler"), runner)
     optimizer = optimizer_errors(raw["optimizer"]) if "optimizer" in raw else []
     scheduler = scheduler_errors(raw["scheduler"]) if "scheduler" in raw else []
     if config is not None and config.scheduler is not None:
@@ -232,20 +345,39 @@ def device_errors(runner: RunnerConfig) -> list[str]:
 
 
 def work_dir_errors(work_dir: str) -> list[str]:
-    """Whether the run can create and write its folder: its nearest existing ancestor (or
-    itself) is a folder this process may write in, on a file system that is writable and
-    not full. Nothing is created."""
-    path = Path(work_dir).expanduser()
-    where = "runner.work_dir"
-    if path.exists() and not path.is_dir():
-        return [f"{where}: {work_dir} exists and is not a folder"]
-    existing = path
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if not existing.is_dir():
-        return [f"{where}: cannot create {work_dir}: {existing} is a file, not a folder"]
+    """Whether the run can create and write its folder (:func:`place_errors`)."""
+    return place_errors("runner.work_dir", work_dir, folder=True)
+
+
+def place_errors(where: str, path: str | Path, folder: bool) -> list[str]:
+    """Whether hookrun can create and write ``path``, a folder (``folder``) or a file: a name
+    file systems take, no file where the folder goes (no folder where the file goes), and its
+    nearest existing ancestor (or itself) a folder this process may write in, on a file
+    system that is writable and not full. Nothing is created. ``where`` names the setting or
+    argument in the line; the work dir, ``export``'s OUT, ``schedule --plot`` and ``plugins
+    new --dir`` are checked here."""
+    problem = path_problem(str(path))
+    if problem:
+        return [f"{where}: {problem} (got {str(path)!r})"]
+    try:
+        return _place_errors(where, Path(path), folder)
+    except OSError as exc:  # e.g. a folder on the way this process may not look into
+        return [f"{where}: cannot check {path}: {exc.strerror}"]
+
+
+def _place_errors(where: str, path: Path, folder: bool) -> list[str]:
+    if path.exists():
+        if folder and not path.is_dir():
+            return [f"{where}: {path} exists and is not a folder"]
+        if not folder and path.is_dir():
+            return [f"{where}: {path} is a folder; name the file to write"]
+        existing = path if folder else path.parent  # a file is replaced in its folder
+    else:
+        existing = path.parent
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+        if not existing.is_dir():
+            return [f"{where}: cannot create {path}: {existing} is a file, not a folder"]
     try:
         stat = os.statvfs(existing)
     except OSError:

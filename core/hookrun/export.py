@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from hookrun import checkpoint as ckpt_io
+from hookrun.config import place_errors
 from hookrun.errors import CheckpointMismatchError, HookrunError
 
 
@@ -21,15 +22,16 @@ def export(checkpoint: Path, out: Path, ema: bool = False) -> int:
     """Write ``checkpoint``'s weights to ``out`` atomically; the number of entries written.
 
     A checkpoint that is missing or does not load, ``--ema`` on a checkpoint without EMA
-    weights, or an ``out`` that is a folder or the checkpoint itself is one error line,
-    found before anything is written.
+    weights, an ``out`` hookrun cannot write (a folder, below a file: :func:`place_errors`)
+    or the checkpoint itself is one error line, found before anything is written.
     """
     if not checkpoint.exists():
         raise CheckpointMismatchError(
             f"checkpoint not found: {checkpoint}", path=checkpoint, reason="file not found"
         )
-    if out.is_dir():
-        raise HookrunError(f"OUT: {out} is a folder; name the file to write")
+    errors = place_errors("OUT", out, folder=False)
+    if errors:
+        raise HookrunError(errors)
     if out.resolve() == checkpoint.resolve():
         raise HookrunError(f"OUT: {out} is the checkpoint itself; name another file")
     weights = _weights(checkpoint, ema)

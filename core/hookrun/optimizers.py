@@ -35,7 +35,7 @@ AUTO_KEYS = ("T_max", "total_iters", "total_steps", "T_0")
 class ParamGroup(BaseModel):
     """Parameters whose names match ``params`` (a glob), with their own keywords."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     params: str = Field(
         description="Glob over parameter names (`head.*`, `*.bias`); the first group that "
@@ -46,7 +46,7 @@ class ParamGroup(BaseModel):
 class OptimizerConfig(BaseModel):
     """The ``optimizer:`` section; keys other than these are the class's keywords."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     type: str = Field(
         description="A `torch.optim` class name (`AdamW`, `SGD`) or a dotted path "
@@ -67,7 +67,7 @@ class OptimizerConfig(BaseModel):
 class Warmup(BaseModel):
     """A linear warm-up (``torch.optim.lr_scheduler.LinearLR``) before the main scheduler."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     iters: int | None = Field(None, ge=1, description="Warm-up length in iterations.")
     epochs: int | None = Field(None, ge=1, description="Warm-up length in epochs.")
@@ -85,7 +85,7 @@ class Warmup(BaseModel):
 class SchedulerConfig(BaseModel):
     """The ``scheduler:`` section."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     main: dict[str, Any] = Field(
         description="The main scheduler: `type` (a `torch.optim.lr_scheduler` class or a "
@@ -121,6 +121,7 @@ def optimizer_errors(section: Any) -> list[str]:
             extra = {k: v for k, v in group.items() if k != "params"}
             errors += keyword_errors(f"optimizer.param_groups.{i}", cls, extra, ("params",))
     errors += _quoted_numbers("optimizer", keywords)
+    errors += non_finite_errors("optimizer", section)
     if errors:
         return errors
     import torch
@@ -151,6 +152,7 @@ def scheduler_errors(section: Any) -> list[str]:
     keywords = {k: v for k, v in main.items() if k != "type"}
     errors = keyword_errors("scheduler.main", cls, keywords, skip=("optimizer",))
     errors += _quoted_numbers("scheduler.main", keywords)
+    errors += non_finite_errors("scheduler.main", keywords)
     errors += [
         f"scheduler.main.{key}: `auto` only fills {', '.join(AUTO_KEYS)}"
         for key, value in keywords.items()
@@ -210,6 +212,19 @@ def _quoted_numbers(where: str, keywords: Mapping[str, Any]) -> list[str]:
             written = yaml.safe_dump(number).split("\n")[0]  # 1.0e-05: a float to YAML
             lines.append(f"{where}.{key}: {value!r} is text to YAML, not a number; write {written}")
     return lines
+
+
+def non_finite_errors(where: str, value: Any) -> list[str]:
+    """NaN and ±inf anywhere in ``value`` (a keyword, a list such as ``betas``, a parameter
+    group), one line each: torch takes most of them silently (``momentum: .nan`` trains
+    every weight to NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [f"{where}: Input should be a finite number (got {value!r})"]
+    if isinstance(value, Mapping):
+        return [e for k, v in value.items() for e in non_finite_errors(f"{where}.{k}", v)]
+    if isinstance(value, (list, tuple)):
+        return [e for i, v in enumerate(value) for e in non_finite_errors(f"{where}.{i}", v)]
+    return []
 
 
 def _extra(group: Mapping[str, Any]) -> dict[str, Any]:

@@ -41,10 +41,13 @@ class Priority(IntEnum):
 
 
 class PluginSettings(BaseModel):
-    """Base of every plugin's settings: unknown keys are errors and settings never change."""
+    """Base of every plugin's settings: unknown keys are errors, settings never change, and
+    no float takes NaN or an infinity unless its field allows them
+    (``Field(allow_inf_nan=True)``, and its description says what they mean)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    """pydantic: an unknown key is an error (did-you-mean), and settings are read-only."""
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    """pydantic: an unknown key is an error (did-you-mean), settings are read-only, and NaN
+    and ±inf are refused."""
 
 
 SettingsT = TypeVar("SettingsT", bound=PluginSettings)

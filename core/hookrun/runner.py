@@ -154,7 +154,7 @@ class Runner:
         self._max_iters = max_iters
         self.by_epoch = max_iters is None
         self.val_interval = val_interval
-        self.work_dir = Path(work_dir)
+        self.work_dir = Path(args.work_dir)  # `~` expanded, as in a config file
         self.checkpoint_dir = self.work_dir / "checkpoints"
         self.amp = amp
         self.scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None

@@ -51,13 +51,12 @@ def check_task(task: str, config_path: Path) -> list[str]:
     target, _ = split_task(task)
     if target.endswith(".py"):
         file = resolve_task_file(target, config_path)
-        return (
-            []
-            if file.is_file()
-            else [
-                f"task: file not found: {file} (relative paths start at the config file's folder)"
-            ]
-        )
+        try:
+            if file.is_file():
+                return []
+        except OSError as exc:  # a name too long, a folder it may not look into
+            return [f"task: cannot read {file}: {exc.strerror}"]
+        return [f"task: file not found: {file} (relative paths start at the config file's folder)"]
     with _task_path(config_path):
         try:
             found = importlib.util.find_spec(target) is not None
