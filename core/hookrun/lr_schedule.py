@@ -1,6 +1,11 @@
 """``hookrun schedule``: the learning rate (and momentum) of every iteration of a run,
 computed by stepping the run's own optimizer and scheduler as the training loop does,
-without a forward or backward pass; a compact console table and an optional PNG."""
+without a forward or backward pass; a compact console table and an optional PNG.
+
+Also how a resumed run continues its schedule (:func:`continue_schedule`): a longer run is
+a longer schedule, so what ``hookrun schedule`` shows for the resumed config is what the
+run logs.
+"""
 
 from __future__ import annotations
 
@@ -98,6 +103,58 @@ def simulate(
                     optimizer.step()
                     scheduler.step()
         epoch += 1
+
+
+#: Entries of a scheduler's state that count its progress; the others describe the schedule.
+PROGRESS = frozenset(
+    {"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial"}
+)
+
+
+def continue_schedule(scheduler: Any, saved: Mapping[str, Any]) -> str | None:
+    """Continue ``saved`` (a checkpoint's scheduler state) with ``scheduler``, the one this
+    run built and has not stepped. The same schedule is loaded as saved (exact). A schedule
+    that differs (``auto`` lengths, warm-up or total steps recomputed for another
+    ``max_epochs``/``max_iters``, or values changed in the config) is this run's, stepped
+    from its start as many times as the saved one was, so each later iteration's learning
+    rate is the one ``hookrun schedule`` gives for it. Returns the line that says so then."""
+    import torch
+
+    plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    if plateau or _described(scheduler.state_dict()) == _described(saved):
+        scheduler.load_state_dict(saved)
+        return None
+    steps = int(saved["last_epoch"]) - int(scheduler.last_epoch)
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        group["lr"] = lr  # the optimizer's state brought the saved schedule's rate
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "step() before optimizer.step()": none is due
+            for _ in range(steps):
+                scheduler.step()
+    except Exception as exc:
+        raise HookrunError(
+            f"scheduler: the schedule of this run's settings cannot continue from the "
+            f"checkpoint's step {saved['last_epoch']}: {exc}"
+        ) from None
+    return (
+        "the schedule differs from the checkpoint's (the run's length or the scheduler's "
+        f"settings): it continues at step {saved['last_epoch']} of this run's schedule, "
+        "as `hookrun schedule` shows it"
+    )
+
+
+def _described(state: Any) -> Any:
+    """``state`` without its progress, tensors as lists, for comparing two schedules."""
+    import torch
+
+    if isinstance(state, Mapping):
+        return {k: _described(v) for k, v in state.items() if k not in PROGRESS}
+    if isinstance(state, (list, tuple)):
+        return [_described(v) for v in state]
+    if isinstance(state, torch.Tensor):
+        return state.tolist()
+    return state
 
 
 def _momentum(group: Mapping[str, Any]) -> float | None:

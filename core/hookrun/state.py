@@ -15,6 +15,7 @@ from hookrun import checkpoint as ckpt_io
 from hookrun import dist
 from hookrun.errors import CheckpointError, CheckpointMismatchError
 from hookrun.loop import LoopPosition, Phase
+from hookrun.lr_schedule import continue_schedule
 from hookrun.resume import disagreement, fit_problems, non_finite, summary
 from hookrun.writers import restore_writer_states, writer_states
 
@@ -90,10 +91,13 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
     if not resume:
         return
     by_shards = sharded or "sharded" in checkpoint
-    for name in ("scheduler", "scaler") if by_shards else ("optimizer", "scheduler", "scaler"):
+    for name in ("scaler",) if by_shards else ("optimizer", "scaler"):
         target = getattr(runner, name)
         if target is not None and name in checkpoint:
             target.load_state_dict(checkpoint[name])
+    saved = checkpoint.get("scheduler") if runner.scheduler is not None else None
+    if saved is not None and (line := continue_schedule(runner.scheduler, saved)):
+        runner.info(line)  # a longer run is a longer schedule
     runner.position = LoopPosition.from_state(checkpoint["loop"])
     ranks = checkpoint.get("rng_ranks") or [checkpoint["rng"]]
     if len(ranks) != runner.world_size:
