@@ -17,6 +17,7 @@ from hookrun.errors import CheckpointError, CheckpointMismatchError
 from hookrun.loop import LoopPosition, Phase
 from hookrun.lr_schedule import continue_schedule
 from hookrun.resume import disagreement, fit_problems, non_finite, summary
+from hookrun.sharding import padding_note
 from hookrun.writers import restore_writer_states, writer_states
 
 if TYPE_CHECKING:
@@ -125,7 +126,8 @@ def _continue_on_new_world(runner: Runner, saved: int) -> str:
         )
     used = min(pos.batch * (size or 0) * saved, len(loader.original.sampler))
     pos.batch = done
-    return line + f"; epoch {pos.epoch + 1} continues after {used} of its samples"
+    line += f"; epoch {pos.epoch + 1} continues after {used} of its samples"
+    return line + padding_note(loader, pos.epoch)
 
 
 class PluginStateError(Exception):
