@@ -9,6 +9,7 @@ run logs.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookrun.errors import HookrunError
+from hookrun.loop import Phase
 
 if TYPE_CHECKING:
     import torch
@@ -111,37 +113,51 @@ PROGRESS = frozenset(
 )
 
 
-def continue_schedule(scheduler: Any, saved: Mapping[str, Any]) -> str | None:
-    """Continue ``saved`` (a checkpoint's scheduler state) with ``scheduler``, the one this
-    run built and has not stepped. The same schedule is loaded as saved (exact). A schedule
-    that differs (``auto`` lengths, warm-up or total steps recomputed for another
-    ``max_epochs``/``max_iters``, or values changed in the config) is this run's, stepped
-    from its start as many times as the saved one was, so each later iteration's learning
-    rate is the one ``hookrun schedule`` gives for it. Returns the line that says so then."""
+def continue_schedule(runner: Any, saved: Mapping[str, Any]) -> str | None:
+    """Continue ``saved`` (a checkpoint's scheduler state) with ``runner.scheduler``, the one
+    this run built and has not stepped, once the run's position is restored. The same
+    schedule is loaded as saved (exact). A schedule that differs (``auto`` lengths, warm-up
+    or total steps recomputed for another ``max_epochs``/``max_iters`` or number of ranks, or
+    values changed in the config) is this run's, stepped from its start to the run's
+    position, so each later iteration's learning rate is the one ``hookrun schedule`` gives
+    for it. Returns the line that says so then."""
     import torch
 
+    scheduler = runner.scheduler
     plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     if plateau or _described(scheduler.state_dict()) == _described(saved):
         scheduler.load_state_dict(saved)
         return None
-    steps = int(saved["last_epoch"]) - int(scheduler.last_epoch)
+    steps = steps_taken(runner)
     for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
         group["lr"] = lr  # the optimizer's state brought the saved schedule's rate
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "step() before optimizer.step()": none is due
-            for _ in range(steps):
+            for _ in range(steps - int(scheduler.last_epoch)):
                 scheduler.step()
     except Exception as exc:
         raise HookrunError(
-            f"scheduler: the schedule of this run's settings cannot continue from the "
-            f"checkpoint's step {saved['last_epoch']}: {exc}"
+            f"scheduler: the schedule of this run's settings cannot continue at step {steps}: {exc}"
         ) from None
     return (
         "the schedule differs from the checkpoint's (the run's length or the scheduler's "
-        f"settings): it continues at step {saved['last_epoch']} of this run's schedule, "
-        "as `hookrun schedule` shows it"
+        f"settings): it continues at step {steps} of this run's schedule, as `hookrun "
+        "schedule` shows it"
     )
+
+
+def steps_taken(runner: Any) -> int:
+    """The schedule's steps the training loop takes up to ``runner.position``: one per
+    accumulation group (an epoch's last batch closes one) or per complete epoch."""
+    pos, loader = runner.position, runner._loaders["train"]
+    per_epoch = len(loader)
+    done = pos.batch >= per_epoch
+    if runner.scheduler_interval == "epoch":
+        return pos.epoch + int(done and pos.phase is not Phase.TRAIN)
+    accum = runner.grad_accum
+    per_group = math.ceil(per_epoch / accum)
+    return pos.epoch * per_group + (per_group if done else pos.batch // accum)
 
 
 def _described(state: Any) -> Any:

@@ -96,14 +96,14 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
         target = getattr(runner, name)
         if target is not None and name in checkpoint:
             target.load_state_dict(checkpoint[name])
-    saved = checkpoint.get("scheduler") if runner.scheduler is not None else None
-    if saved is not None and (line := continue_schedule(runner.scheduler, saved)):
-        runner.info(line)  # a longer run is a longer schedule
     runner.position = LoopPosition.from_state(checkpoint["loop"])
     ranks = checkpoint.get("rng_ranks") or [checkpoint["rng"]]
     if len(ranks) != runner.world_size:
         runner.info(_continue_on_new_world(runner, len(ranks)) + "; rank 0's RNG streams used")
     ckpt_io.set_rng_state(ranks[runner.rank] if len(ranks) == runner.world_size else ranks[0])
+    saved = checkpoint.get("scheduler") if runner.scheduler is not None else None
+    if saved is not None and (line := continue_schedule(runner, saved)):
+        runner.info(line)  # a longer run is a longer schedule
 
 
 def _continue_on_new_world(runner: Runner, saved: int) -> str:
