@@ -2,8 +2,9 @@
 of 2, so the ranks' shares are uneven. 2 ranks: rank 0 has 13 samples (7 batches), rank 1 has
 12 (6) and joins each epoch's last iteration without a batch. A 2-rank checkpoint taken 3
 batches into epoch 2 continues on 3 ranks: 13 samples left (5, 4, 4), then 25 (9, 8, 8).
-Every rank notes the sample ids its steps see; no sample is padded in twice, every rank ends
-with the same weights, and those equal a hand-written loop over the same batches.
+Gradients accumulate over 3 batches. Every rank notes the sample ids its steps see; no
+sample is padded in twice, every rank ends with the same weights, and those equal a
+hand-written loop over the same batches.
 
 This file is also the job: ``torchrun --nproc-per-node=N test_each_sample_once.py WORK_DIR
 [--resume-from CHECKPOINT]``.
@@ -28,6 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from hookrun import Runner, hookimpl
 
 SAMPLES, BATCH, EPOCHS, SAVE_AT = 25, 2, 3, 10  # SAVE_AT: 7 iterations of epoch 1, then 3
+ACCUM = 3  # on 3 ranks the last group of an epoch is batches 4 and 5: the join holds batch 4's
 
 
 def dataset() -> TensorDataset:
@@ -50,13 +52,13 @@ class Recorder:
     """Each iteration's sample ids on this rank (None: it joined without a batch)."""
 
     def __init__(self, save_at: int | None) -> None:
-        self.steps: list[tuple[int, int, list[int] | None]] = []
+        self.steps: list[tuple[int, int, int, list[int] | None]] = []
         self.save_at = save_at
 
     @hookimpl
-    def before_train_iter(self, runner: Any, batch: Any) -> None:
+    def before_train_iter(self, runner: Any, batch_idx: int, batch: Any) -> None:
         ids = None if batch is None else batch[2].tolist()
-        self.steps.append((runner.iter + 1, runner.epoch, ids))
+        self.steps.append((runner.iter + 1, runner.epoch, batch_idx, ids))
 
     @hookimpl
     def after_train_iter(self, runner: Any) -> None:
@@ -77,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         optimizer=optimizer(net),
         criterion=nn.CrossEntropyLoss(),
         max_epochs=EPOCHS,
+        grad_accum=ACCUM,
         work_dir=args.work_dir,
         writers=(),
         hooks=[recorder],
@@ -108,32 +111,46 @@ def torchrun(work_dir: Path, nproc: int, *args: str) -> subprocess.CompletedProc
     return done
 
 
-def steps(work_dir: Path, ranks: int) -> list[list[tuple[int, int, list[int] | None]]]:
+Steps = list[list[tuple[int, int, int, list[int] | None]]]
+"""Per rank, per iteration: (iteration, epoch, batch index, sample ids or None)."""
+
+
+def steps(work_dir: Path, ranks: int) -> Steps:
     return [
         [tuple(s) for s in json.loads((work_dir / f"steps_rank{r}.json").read_text())]
         for r in range(ranks)
     ]
 
 
-def ids(ranks: list[list[tuple[int, int, list[int] | None]]], epoch: int, upto: int = 99) -> list:
+def ids(ranks: Steps, epoch: int, upto: int = 99) -> list:
     """The sample ids trained in ``epoch`` by iterations up to ``upto``, all ranks, sorted."""
     return sorted(
-        i for rank in ranks for it, e, got in rank if e == epoch and it <= upto for i in got or []
+        i
+        for rank in ranks
+        for it, e, _, got in rank
+        if e == epoch and it <= upto
+        for i in got or []
     )
 
 
-def reference(ranks: list[list[tuple[int, int, list[int] | None]]], net: nn.Module, opt) -> None:
-    """DDP's update by hand: per iteration, the mean loss of each rank's batch, gradients
-    summed over the ranks that have one and divided by the number of ranks."""
+def reference(ranks: Steps, net: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """DDP's update by hand: each rank's batches' mean losses, divided by the accumulation
+    and summed over the ranks that have a batch, divided by the number of ranks; a step at
+    every third batch of an epoch and at its last."""
     data, world = dataset(), len(ranks)
-    for k in range(len(ranks[0])):
-        opt.zero_grad()
+    per_epoch = {}
+    for _, epoch, index, _ in ranks[0]:
+        per_epoch[epoch] = max(per_epoch.get(epoch, 0), index + 1)
+    opt.zero_grad()
+    for k, (_, epoch, index, _) in enumerate(ranks[0]):
         for rank in ranks:
-            got = rank[k][2]
+            got = rank[k][3]
             if got is not None:
                 x, y, _ = data[got]
-                (nn.functional.cross_entropy(net(x), y) / world).backward()
-        opt.step()
+                (nn.functional.cross_entropy(net(x), y) / ACCUM / world).backward()
+        if (index + 1) % ACCUM == 0 or index + 1 == per_epoch[epoch]:
+            opt.step()
+            opt.zero_grad()
 
 
 def assert_by_hand(ranks: list, work_dir: Path, net: nn.Module, opt) -> None:
@@ -153,8 +170,8 @@ def test_each_sample_once_on_uneven_shares_and_after_resuming_on_three_ranks(tmp
     for epoch in range(EPOCHS):
         assert ids(ranks, epoch) == list(range(SAMPLES))  # each sample once
         # rank 1's 12 samples end a batch early: it joins the epoch's last iteration
-        assert ranks[1][7 * epoch + 6] == (7 * epoch + 7, epoch, None)
-        assert all(got is not None for _, _, got in ranks[0])
+        assert ranks[1][7 * epoch + 6] == (7 * epoch + 7, epoch, 6, None)
+        assert all(got is not None for *_, got in ranks[0])
     net = model()
     assert_by_hand(ranks, two, net, optimizer(net))
 
@@ -167,7 +184,7 @@ def test_each_sample_once_on_uneven_shares_and_after_resuming_on_three_ranks(tmp
     assert ids(on_three, 1) == sorted(set(range(SAMPLES)) - set(ids(ranks, 1, upto=SAVE_AT)))
     assert ids(on_three, 2) == list(range(SAMPLES))
     # 13 left: 5, 4, 4 samples, 3, 2, 2 batches; then 9, 8, 8: 5, 4, 4 batches
-    assert [[got is None for _, _, got in rank] for rank in on_three] == [
+    assert [[got is None for *_, got in rank] for rank in on_three] == [
         [False] * 8,
         *[[False, False, True, False, False, False, False, True]] * 2,
     ]

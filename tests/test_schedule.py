@@ -238,3 +238,28 @@ def test_an_explicit_length_stays_as_written_on_resume(tmp_path, capsys):
     assert sorted(logged) == list(range(1, 21))
     assert logged == planned  # exact: the same schedule, stepped the same way
     assert logged[20] > logged[16]  # past T_max = 8 steps after the warm-up: rising again
+
+
+def test_a_longer_run_resumed_mid_epoch_with_accumulation(tmp_path, capsys):
+    """Groups of 3 batches in epochs of 4 (a schedule step at batches 3 and 4): a checkpoint
+    taken mid-epoch, resumed with ``max_epochs=5``, continues at the schedule step its
+    position represents and logs what ``hookrun schedule`` gives for the 5-epoch run."""
+    text = DIGITS_LIKE.replace("MAX", "auto").replace("seed: 0}", "seed: 0, grad_accum: 3}")
+    config = write_toy_task(
+        tmp_path, text.replace("{interval: 1}", "{interval: 7, by_epoch: false}")
+    )
+    code, _, err = run_cli(capsys, "train", config, "--work-dir", tmp_path / "run")
+    assert code == 0, err
+    checkpoint = tmp_path / "run" / "checkpoints" / "iter_7.pt"  # epoch 2, after 3 batches
+    longer = ["--set", "runner.max_epochs=5"]
+    code, out, err = run_cli(
+        capsys, "train", config, "--work-dir", tmp_path / "again", "--resume", checkpoint, *longer
+    )
+    assert code == 0, err
+    assert "continues at step 3 of this run's schedule" in out + err  # 2 + 1 groups
+    code, out, err = run_cli(capsys, "schedule", config, *longer, "--json")
+    planned = {row["iter"]: row["lr"][0] for row in json.loads(out)}
+    logged = dict(jsonl_series(tmp_path / "again" / "log.jsonl", "train/lr"))
+    assert sorted(logged) == list(range(8, 21))
+    assert logged == pytest.approx({i: planned[i] for i in logged}, rel=1e-6)
+    assert logged[20] == pytest.approx(min(planned.values()), rel=1e-6)
