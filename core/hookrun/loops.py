@@ -116,8 +116,8 @@ class TrainLoop:
         mark = since = now()  # the previous iteration's end; the end of its hooks
         batches: Iterable[Any] = self.loader.epoch_iter(pos.epoch, skip)
         step.uneven, short = last_batch(self.loader, pos.epoch)
-        if short:  # this rank's share ends a batch early: it joins the last iteration without
-            batches = itertools.chain(batches, [None])
+        if short:  # this rank's share ends a batch early: it joins the last iteration
+            batches = itertools.chain(batches, [None])  # without a batch
         for batch_idx, batch in enumerate(batches, start=skip):
             arrived = now()
             first = batch[0] if type(batch) in (tuple, list) and batch else batch

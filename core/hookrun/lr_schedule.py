@@ -150,8 +150,7 @@ def continue_schedule(runner: Any, saved: Mapping[str, Any]) -> str | None:
 def steps_taken(runner: Any) -> int:
     """The schedule's steps the training loop takes up to ``runner.position``: one per
     accumulation group (an epoch's last batch closes one) or per complete epoch."""
-    pos, loader = runner.position, runner._loaders["train"]
-    per_epoch = len(loader)
+    pos, per_epoch = runner.position, runner._batches_per_epoch()
     done = pos.batch >= per_epoch
     if runner.scheduler_interval == "epoch":
         return pos.epoch + int(done and pos.phase is not Phase.TRAIN)
