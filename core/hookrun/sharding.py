@@ -61,7 +61,7 @@ class ShardedSampler(Sampler[int]):
     """This rank's share of ``sampler``'s indices, epoch by epoch (see the module)."""
 
     def __init__(
-        self, sampler: Sampler[int], seed: int, rank: int, world: int, pad: bool, join: bool
+        self, sampler: Sampler[int], seed: int, rank: int, world: int, pad: bool, join: bool = False
     ) -> None:
         self.sampler = sampler
         self.seed = seed
