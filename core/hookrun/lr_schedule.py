@@ -107,9 +107,11 @@ def simulate(
         epoch += 1
 
 
-#: Entries of a scheduler's state that count its progress; the others describe the schedule.
+#: Entries of a scheduler's state that count its progress; the others describe the schedule
+#: (``T_cur`` and ``T_i``: where ``CosineAnnealingWarmRestarts`` stands in its cycle).
 PROGRESS = frozenset(
     {"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial"}
+    | {"T_cur", "T_i"}
 )
 
 
