@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from hookrun import config as cfg
 from hookrun.errors import ConfigError
 from hookrun.lr_schedule import compute
 from hookrun.optimizers import build_optimizer, build_scheduler, run_length
-from hookrun.testing import run_cli, write_toy_task
+from hookrun.testing import isolated_env, jsonl_series, run_cli, write_toy_task
 
 pytestmark = pytest.mark.usefixtures("hookrun_isolated")
 
@@ -151,3 +152,114 @@ def test_plot_writes_a_png_or_names_the_missing_extra(tmp_path, capsys, monkeypa
     assert code == 0, err
     assert out.splitlines()[-1] == f"wrote {png}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+DIGITS_LIKE = """
+task: toytask.py:build
+task_args: {optimizer: false}
+runner: {max_epochs: 3, device: cpu, writers: [jsonl], log_interval: 1, seed: 0}
+optimizer: {type: AdamW, lr: 0.003, weight_decay: 1.0e-4, no_decay: true}
+scheduler:
+  warmup: {epochs: 1, start_factor: 0.1}
+  main: {type: CosineAnnealingLR, T_max: MAX}
+  interval: iter
+plugins: {checkpoint: {interval: 1}, logger: false, timer: false}
+"""
+
+
+def hookrun(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The ``hookrun`` CLI in a process of its own."""
+    command = [sys.executable, "-m", "hookrun", *map(str, args)]
+    done = subprocess.run(
+        command, cwd=cwd, env=isolated_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_longer_run_resumed_follows_the_longer_schedule(tmp_path, capsys, monkeypatch):
+    """The digits example's schedule (a warm-up epoch, then a cosine over ``T_max: auto``)
+    trained for 3 epochs, then resumed by the ``hookrun`` command with ``max_epochs=5``:
+    every iteration after the resume logs the rate ``hookrun schedule`` gives for the
+    5-epoch run, down to its end."""
+    monkeypatch.chdir(tmp_path)
+    config = write_toy_task(tmp_path, DIGITS_LIKE.replace("MAX", "auto"))
+    code, _, err = run_cli(capsys, "train", config, "--work-dir", "run")
+    assert code == 0, err
+    longer = hookrun(
+        "train",
+        config,
+        "--work-dir",
+        "run",
+        "--resume",
+        "auto",
+        "--set",
+        "runner.max_epochs=5",
+        cwd=tmp_path,
+    )
+    assert "continues at step 12 of this run's schedule" in longer.stdout + longer.stderr
+    code, out, err = run_cli(capsys, "schedule", config, "--set", "runner.max_epochs=5", "--json")
+    planned = json.loads(out)
+    assert len(planned) == 20  # 5 epochs of 4 batches
+    logged = dict(jsonl_series(tmp_path / "run" / "log.jsonl", "train/lr"))
+    after = {step: lr for step, lr in logged.items() if step > 12}
+    assert sorted(after) == list(range(13, 21))
+    for row in planned[12:]:
+        assert after[row["iter"]] == pytest.approx(row["lr"][0], rel=1e-6), row["iter"]
+    # the cosine decays to its minimum at the longer run's end; from 3 epochs' near-zero end
+    # the longer cosine stands higher at step 13
+    assert after[20] == pytest.approx(min(row["lr"][0] for row in planned), rel=1e-6)
+    assert after[20] < after[13] and logged[12] < after[13]
+
+
+def test_an_explicit_length_stays_as_written_on_resume(tmp_path, capsys):
+    """``T_max: 8`` is the user's number: a longer run keeps it (torch's cosine rises again
+    after it), loaded exactly from the checkpoint; ``hookrun schedule`` shows the same."""
+    config = write_toy_task(tmp_path, DIGITS_LIKE.replace("MAX", "8"))
+    work = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", config, "--work-dir", work)
+    assert code == 0, err
+    code, out, err = run_cli(
+        capsys,
+        "train",
+        config,
+        "--work-dir",
+        work,
+        "--resume",
+        "auto",
+        "--set",
+        "runner.max_epochs=5",
+    )
+    assert code == 0, err
+    assert "schedule differs" not in out + err
+    code, out, err = run_cli(capsys, "schedule", config, "--set", "runner.max_epochs=5", "--json")
+    planned = {row["iter"]: row["lr"][0] for row in json.loads(out)}
+    logged = dict(jsonl_series(work / "log.jsonl", "train/lr"))
+    assert sorted(logged) == list(range(1, 21))
+    assert logged == planned  # exact: the same schedule, stepped the same way
+    assert logged[20] > logged[16]  # past T_max = 8 steps after the warm-up: rising again
+
+
+def test_a_longer_run_resumed_mid_epoch_with_accumulation(tmp_path, capsys):
+    """Groups of 3 batches in epochs of 4 (a schedule step at batches 3 and 4): a checkpoint
+    taken mid-epoch, resumed with ``max_epochs=5``, continues at the schedule step its
+    position represents and logs what ``hookrun schedule`` gives for the 5-epoch run."""
+    text = DIGITS_LIKE.replace("MAX", "auto").replace("seed: 0}", "seed: 0, grad_accum: 3}")
+    config = write_toy_task(
+        tmp_path, text.replace("{interval: 1}", "{interval: 7, by_epoch: false}")
+    )
+    code, _, err = run_cli(capsys, "train", config, "--work-dir", tmp_path / "run")
+    assert code == 0, err
+    checkpoint = tmp_path / "run" / "checkpoints" / "iter_7.pt"  # epoch 2, after 3 batches
+    longer = ["--set", "runner.max_epochs=5"]
+    code, out, err = run_cli(
+        capsys, "train", config, "--work-dir", tmp_path / "again", "--resume", checkpoint, *longer
+    )
+    assert code == 0, err
+    assert "continues at step 3 of this run's schedule" in out + err  # 2 + 1 groups
+    code, out, err = run_cli(capsys, "schedule", config, *longer, "--json")
+    planned = {row["iter"]: row["lr"][0] for row in json.loads(out)}
+    logged = dict(jsonl_series(tmp_path / "again" / "log.jsonl", "train/lr"))
+    assert sorted(logged) == list(range(8, 21))
+    assert logged == pytest.approx({i: planned[i] for i in logged}, rel=1e-6)
+    assert logged[20] == pytest.approx(min(planned.values()), rel=1e-6)

@@ -7,16 +7,21 @@ what makes mid-epoch resume exact. The step itself (backward, optimizer) is
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch.distributed.algorithms.join import Join
 
 from hookrun import dist, fsdp
 from hookrun.errors import ConfigError
 from hookrun.loop import LoopPosition, Phase
+from hookrun.optim_step import TailJoin
+from hookrun.sharding import last_batch
 from hookrun.steps import MetricMeans, batch_size, evaluation_values, to_device, training_losses
 
 
@@ -109,10 +114,15 @@ class TrainLoop:
         clock = runner.clock  # read inline: a method call per iteration costs a microsecond
         record, now, world = clock.pending.append, time.perf_counter, runner.world_size
         mark = since = now()  # the previous iteration's end; the end of its hooks
-        for batch_idx, batch in enumerate(self.loader.epoch_iter(pos.epoch, skip), start=skip):
+        batches: Iterable[Any] = self.loader.epoch_iter(pos.epoch, skip)
+        step.uneven, short = last_batch(self.loader, pos.epoch)
+        if short:  # this rank's share ends a batch early: it joins the last iteration
+            batches = itertools.chain(batches, [None])  # without a batch
+        for batch_idx, batch in enumerate(batches, start=skip):
             arrived = now()
             first = batch[0] if type(batch) in (tuple, list) and batch else batch
             count = first.shape[0] if type(first) is torch.Tensor and first.ndim else 0
+            count = count or (batch_size(batch) if batch is not None else 0)
             if move:
                 batch = to_device(batch, device)
             if before_iter is not None:
@@ -123,7 +133,7 @@ class TrainLoop:
                 reporter.keep_lrs()
             outputs = step(batch, batch_idx)
             ended = now()
-            record((ended - mark, arrived - since, (count or batch_size(batch)) * world))
+            record((ended - mark, arrived - since, count * world))
             mark = since = ended
             if after_iter is not None:
                 after_iter(runner=runner, batch_idx=batch_idx, batch=batch, outputs=outputs)
@@ -220,6 +230,7 @@ class TrainStep:
         # The common case takes its step inline: each Python frame costs about a
         # microsecond between torch ops, a few percent of a small model's step.
         self.fast = self.plain and optim.simple()
+        self.uneven = False  # some rank has no batch for the epoch's last iteration
 
     def __call__(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
         runner = self.runner
@@ -231,6 +242,8 @@ class TrainStep:
             pos.stepping = True
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        elif self.uneven and batch_idx + 1 == self.per_epoch:
+            losses = self.joined(batch)
         else:
             optim = self.optim
             boundary = (batch_idx + 1) % optim.grad_accum == 0 or batch_idx + 1 == self.per_epoch
@@ -250,6 +263,8 @@ class TrainStep:
         pos.phase = Phase.TRAIN
         pos.iter_ending = True
         pos.stepping = False
+        if not losses:  # this rank joined the iteration without a batch
+            return {}
         if len(losses) == 1:
             loss = losses["loss"].detach()
             self.put("train/loss", loss)
@@ -257,6 +272,26 @@ class TrainStep:
         outputs = {name: value.detach() for name, value in losses.items()}
         runner.scalars.update(outputs, prefix="train/")
         return outputs
+
+    def joined(self, batch: Any) -> dict[str, torch.Tensor]:
+        """The epoch's last iteration when some rank's share has none (``batch`` is None on
+        such a rank): the ranks with a batch run it on the unwrapped model, every rank's
+        gradients are averaged under :class:`~hookrun.optim_step.TailJoin`, and every rank
+        steps alike. Returns this rank's losses (none without a batch)."""
+        runner, optim = self.runner, self.optim
+        module = runner.unwrapped_model
+        losses: dict[str, torch.Tensor] = {}
+        with warnings.catch_warnings():  # Join's exit sets a process-wide warnings filter
+            tail = TailJoin(module, runner.device)
+            with Join([tail]):
+                if batch is not None:
+                    with runner.autocast():
+                        losses = training_losses(module, module, self.step, runner.criterion, batch)
+                    optim.backward(losses["loss"])
+                    tail.average()
+        runner.position.stepping = True
+        optim.step()
+        return losses
 
 
 def evaluate(runner: Any, loader: Any, mode: str, hooks: bool) -> dict[str, float]:

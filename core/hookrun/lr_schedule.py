@@ -1,9 +1,15 @@
 """``hookrun schedule``: the learning rate (and momentum) of every iteration of a run,
 computed by stepping the run's own optimizer and scheduler as the training loop does,
-without a forward or backward pass; a compact console table and an optional PNG."""
+without a forward or backward pass; a compact console table and an optional PNG.
+
+Also how a resumed run continues its schedule (:func:`continue_schedule`): a longer run is
+a longer schedule, so what ``hookrun schedule`` shows for the resumed config is what the
+run logs.
+"""
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -11,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookrun.errors import HookrunError
+from hookrun.loop import Phase
 
 if TYPE_CHECKING:
     import torch
@@ -98,6 +105,73 @@ def simulate(
                     optimizer.step()
                     scheduler.step()
         epoch += 1
+
+
+#: Entries of a scheduler's state that count its progress; the others describe the schedule
+#: (``T_cur`` and ``T_i``: where ``CosineAnnealingWarmRestarts`` stands in its cycle).
+PROGRESS = frozenset(
+    {"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial"}
+    | {"T_cur", "T_i"}
+)
+
+
+def continue_schedule(runner: Any, saved: Mapping[str, Any]) -> str | None:
+    """Continue ``saved`` (a checkpoint's scheduler state) with ``runner.scheduler``, the one
+    this run built and has not stepped, once the run's position is restored. The same
+    schedule is loaded as saved (exact). A schedule that differs (``auto`` lengths, warm-up
+    or total steps recomputed for another ``max_epochs``/``max_iters`` or number of ranks, or
+    values changed in the config) is this run's, stepped from its start to the run's
+    position, so each later iteration's learning rate is the one ``hookrun schedule`` gives
+    for it. Returns the line that says so then."""
+    import torch
+
+    scheduler = runner.scheduler
+    plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    if plateau or _described(scheduler.state_dict()) == _described(saved):
+        scheduler.load_state_dict(saved)
+        return None
+    steps = steps_taken(runner)
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        group["lr"] = lr  # the optimizer's state brought the saved schedule's rate
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "step() before optimizer.step()": none is due
+            for _ in range(steps - int(scheduler.last_epoch)):
+                scheduler.step()
+    except Exception as exc:
+        raise HookrunError(
+            f"scheduler: the schedule of this run's settings cannot continue at step {steps}: {exc}"
+        ) from None
+    return (
+        "the schedule differs from the checkpoint's (the run's length or the scheduler's "
+        f"settings): it continues at step {steps} of this run's schedule, as `hookrun "
+        "schedule` shows it"
+    )
+
+
+def steps_taken(runner: Any) -> int:
+    """The schedule's steps the training loop takes up to ``runner.position``: one per
+    accumulation group (an epoch's last batch closes one) or per complete epoch."""
+    pos, per_epoch = runner.position, runner._batches_per_epoch()
+    done = pos.batch >= per_epoch
+    if runner.scheduler_interval == "epoch":
+        return pos.epoch + int(done and pos.phase is not Phase.TRAIN)
+    accum = runner.grad_accum
+    per_group = math.ceil(per_epoch / accum)
+    return pos.epoch * per_group + (per_group if done else pos.batch // accum)
+
+
+def _described(state: Any) -> Any:
+    """``state`` without its progress, tensors as lists, for comparing two schedules."""
+    import torch
+
+    if isinstance(state, Mapping):
+        return {k: _described(v) for k, v in state.items() if k not in PROGRESS}
+    if isinstance(state, (list, tuple)):
+        return [_described(v) for v in state]
+    if isinstance(state, torch.Tensor):
+        return state.tolist()
+    return state
 
 
 def _momentum(group: Mapping[str, Any]) -> float | None:

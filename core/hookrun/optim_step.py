@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as torch_dist
 from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from hookrun import fsdp
 from hookrun.dispatch import Hooks
@@ -109,3 +111,67 @@ class OptimizerStep:
         optimizer.zero_grad(set_to_none=True)
         if self.steps_scheduler():
             runner.scheduler.step()
+
+
+class TailJoin(Joinable):
+    """The gradient all-reduce of an epoch's last iteration when some rank's share has no
+    batch for it (DDP, unpadded shares: :mod:`hookrun.sharding`), under
+    :class:`~torch.distributed.algorithms.Join`. A rank with a batch averages after its
+    backward (:meth:`average`); a rank without one joins, and its join hook shadows that
+    all-reduce with the gradients it holds (none: zero) and receives the same average. So
+    every rank then takes the same optimizer step: DDP's own join hook would leave a joined
+    rank's optimizer state, schedule and plugins a step behind. The iteration bypasses the
+    DDP wrapper, whose forward a joined rank could not match."""
+
+    def __init__(self, module: nn.Module, device: torch.device) -> None:
+        super().__init__()
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.device = device
+
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        return _Shadow(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        return self.device
+
+    @property
+    def join_process_group(self) -> Any:
+        return torch_dist.group.WORLD
+
+    def average(self) -> None:
+        """After this rank's backward: the gradients averaged over every rank."""
+        Join.notify_join_context(self)
+        self.all_reduce()
+
+    def all_reduce(self) -> None:
+        """Each gradient summed over the ranks and divided by their number, as DDP does; a
+        parameter no rank has a gradient for keeps none (the optimizer skips it)."""
+        params, world = self.params, torch_dist.get_world_size()
+        held = torch.tensor([p.grad is not None for p in params], device=self.device).float()
+        torch_dist.all_reduce(held)
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        by_type: dict[tuple[torch.device, torch.dtype], list[nn.Parameter]] = {}
+        for p in params:
+            by_type.setdefault((p.grad.device, p.grad.dtype), []).append(p)  # type: ignore[union-attr]
+        for group in by_type.values():
+            flat = torch.cat([p.grad.reshape(-1) for p in group])  # type: ignore[union-attr]
+            torch_dist.all_reduce(flat)
+            flat.div_(world)
+            for p, part in zip(group, flat.split([p.numel() for p in group]), strict=True):
+                p.grad.copy_(part.view_as(p))  # type: ignore[union-attr]
+        for p, count in zip(params, held.tolist(), strict=True):
+            if not count:
+                p.grad = None
+
+
+class _Shadow(JoinHook):
+    """A joined rank's part in :class:`TailJoin`'s all-reduce."""
+
+    def __init__(self, tail: TailJoin) -> None:
+        self.tail = tail
+
+    def main_hook(self) -> None:
+        self.tail.all_reduce()

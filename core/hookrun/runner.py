@@ -193,7 +193,10 @@ class Runner:
         where = (self.seed, self.rank, self.world_size)
         loaders = {
             "train": make_loader(
-                train, self.seed, train_sampler(train, "train_dataloader", *where), quiet
+                train,
+                self.seed,
+                train_sampler(train, "train_dataloader", *where, pad=self.strategy == "fsdp"),
+                quiet,
             )
         }
         for mode, loader in (("val", val), ("test", test)):

@@ -7,9 +7,13 @@ process and its indices are dealt out in turn: rank ``r`` of ``W`` takes positio
 first ``k * B * W`` indices of the epoch's order, whatever ``W`` is: a run resumed on another
 number of ranks continues from that global position (:meth:`ShardedSampler.continue_epoch`).
 
-Training pads the order to a multiple of ``W`` with its first indices (every rank needs as
-many batches, as with ``DistributedSampler``); evaluation does not pad, so each sample counts
-once and metrics are not biased.
+Under DDP training does not pad: each sample of an epoch (and of the rest of an epoch resumed
+on another number of ranks) is trained exactly once. Every rank runs the epoch as long as
+the longest share, rank 0's; a share one sample shorter can end a batch early, and that
+rank joins the epoch's last iteration without a batch (:func:`last_batch`; the loop's
+:class:`~hookrun.optim_step.TailJoin`). FSDP, which has no such join, pads the order to a
+multiple of ``W`` with its first indices, as ``DistributedSampler`` does. Evaluation does not
+pad, so each sample counts once and metrics are not biased.
 """
 
 from __future__ import annotations
@@ -56,12 +60,15 @@ class _Declared:
 class ShardedSampler(Sampler[int]):
     """This rank's share of ``sampler``'s indices, epoch by epoch (see the module)."""
 
-    def __init__(self, sampler: Sampler[int], seed: int, rank: int, world: int, pad: bool) -> None:
+    def __init__(
+        self, sampler: Sampler[int], seed: int, rank: int, world: int, pad: bool, join: bool = False
+    ) -> None:
         self.sampler = sampler
         self.seed = seed
         self.rank = rank
         self.world = world
-        self.pad = pad
+        self.pad = pad  # repeat the first indices so that every share is as long
+        self.join = join  # unpadded, but as long as the longest share (a shorter one joins)
         self.epoch = 0
         self.resumed: tuple[int, int, int] | None = None  # (epoch, indices used, fillers)
 
@@ -70,9 +77,25 @@ class ShardedSampler(Sampler[int]):
 
     def __len__(self) -> int:
         total = len(self.sampler)  # type: ignore[arg-type]
-        return (
-            math.ceil(total / self.world) if self.pad else len(range(self.rank, total, self.world))
-        )
+        if self.pad or self.join:
+            return math.ceil(total / self.world)
+        return len(range(self.rank, total, self.world))
+
+    def batches(self, rank: int, epoch: int, batch_size: int, drop_last: bool) -> int:
+        """How many batches rank ``rank``'s unpadded share of ``epoch`` makes (the batches a
+        resume counted as done included)."""
+        total, used, fillers = len(self.sampler), 0, 0  # type: ignore[arg-type]
+        if self.resumed is not None and self.resumed[0] == epoch:
+            _, used, fillers = self.resumed
+        share = fillers + len(range(rank, total - min(used, total), self.world))
+        return share // batch_size if drop_last else math.ceil(share / batch_size)
+
+    def repeated(self, epoch: int) -> int:
+        """Indices the padding repeats in ``epoch`` (what is left of it, when resumed)."""
+        left = len(self.sampler)  # type: ignore[arg-type]
+        if self.resumed is not None and self.resumed[0] == epoch:
+            left -= min(self.resumed[1], left)
+        return -left % self.world if self.pad and left else 0
 
     def __iter__(self) -> Iterator[int]:
         seed_epoch(self.sampler, self.seed, self.epoch)
@@ -103,21 +126,56 @@ class ShardedSampler(Sampler[int]):
         return done
 
 
-def train_sampler(loader: Any, name: str, seed: int, rank: int, world: int) -> Sampler[int] | None:
+def train_sampler(
+    loader: Any, name: str, seed: int, rank: int, world: int, pad: bool = False
+) -> Sampler[int] | None:
     """The sampler a training loader is rebuilt with: its own, sharded (also in a single
-    process, so that a run saved on several ranks can continue on one). None when the loader
-    keeps its sampling: a ``DistributedSampler`` of the user's, a loader declared
-    :func:`already_sharded`, or one hookrun cannot shard in a single process."""
+    process, so that a run saved on several ranks can continue on one); ``pad`` (FSDP) makes
+    the shares even by repeating samples, else a shorter share joins the epoch's last
+    iteration. None when the loader keeps its sampling: a ``DistributedSampler`` of the
+    user's, a loader declared :func:`already_sharded`, or one hookrun cannot shard in a
+    single process."""
     if not _shardable(loader, name, world):
         return None
-    return ShardedSampler(loader.sampler, seed, rank, world, pad=True)
+    return ShardedSampler(loader.sampler, seed, rank, world, pad=pad, join=not pad)
 
 
 def eval_sampler(loader: Any, name: str, seed: int, rank: int, world: int) -> Sampler[int] | None:
     """An evaluation loader's own sampler, sharded without padding under torch.distributed."""
     if world == 1 or not _shardable(loader, name, world):
         return None
-    return ShardedSampler(loader.sampler, seed, rank, world, pad=False)
+    return ShardedSampler(loader.sampler, seed, rank, world, pad=False, join=False)
+
+
+def last_batch(loader: Any, epoch: int) -> tuple[bool, bool]:
+    """Whether some rank's share of ``epoch`` ends a batch before the epoch's last iteration,
+    and whether this rank's does: every rank computes both alike, with no communication.
+    (False, False) for a loader whose sampling hookrun does not deal out."""
+    sampler = _sharded(loader)
+    if sampler is None or not sampler.join or sampler.world == 1:
+        return False, False
+    batch_sampler = loader.batches.batch_sampler
+    size, drop = batch_sampler.batch_size, batch_sampler.drop_last
+    longest = sampler.batches(0, epoch, size, drop)
+    shortest = sampler.batches(sampler.world - 1, epoch, size, drop)
+    return shortest < longest, sampler.batches(sampler.rank, epoch, size, drop) < longest
+
+
+def padding_note(loader: Any, epoch: int) -> str:
+    """The resume line's note on the samples a padded share (FSDP's) repeats in ``epoch``."""
+    sampler = _sharded(loader)
+    count = sampler.repeated(epoch) if sampler is not None else 0
+    if not count:
+        return ""
+    return f" (FSDP pads the ranks' shares: {count} of them repeated, as DistributedSampler does)"
+
+
+def _sharded(loader: Any) -> ShardedSampler | None:
+    """The :class:`ShardedSampler` a rebuilt loader draws from, if hookrun deals it out."""
+    sampler = getattr(
+        getattr(getattr(loader, "batches", None), "batch_sampler", None), "sampler", None
+    )
+    return sampler if isinstance(sampler, ShardedSampler) else None
 
 
 def _shardable(loader: Any, name: str, world: int) -> bool:

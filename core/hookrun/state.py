@@ -15,7 +15,9 @@ from hookrun import checkpoint as ckpt_io
 from hookrun import dist
 from hookrun.errors import CheckpointError, CheckpointMismatchError
 from hookrun.loop import LoopPosition, Phase
+from hookrun.lr_schedule import continue_schedule
 from hookrun.resume import disagreement, fit_problems, non_finite, summary
+from hookrun.sharding import padding_note
 from hookrun.writers import restore_writer_states, writer_states
 
 if TYPE_CHECKING:
@@ -90,7 +92,7 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
     if not resume:
         return
     by_shards = sharded or "sharded" in checkpoint
-    for name in ("scheduler", "scaler") if by_shards else ("optimizer", "scheduler", "scaler"):
+    for name in ("scaler",) if by_shards else ("optimizer", "scaler"):
         target = getattr(runner, name)
         if target is not None and name in checkpoint:
             target.load_state_dict(checkpoint[name])
@@ -99,6 +101,9 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
     if len(ranks) != runner.world_size:
         runner.info(_continue_on_new_world(runner, len(ranks)) + "; rank 0's RNG streams used")
     ckpt_io.set_rng_state(ranks[runner.rank] if len(ranks) == runner.world_size else ranks[0])
+    saved = checkpoint.get("scheduler") if runner.scheduler is not None else None
+    if saved is not None and (line := continue_schedule(runner, saved)):
+        runner.info(line)  # a longer run is a longer schedule
 
 
 def _continue_on_new_world(runner: Runner, saved: int) -> str:
@@ -121,7 +126,8 @@ def _continue_on_new_world(runner: Runner, saved: int) -> str:
         )
     used = min(pos.batch * (size or 0) * saved, len(loader.original.sampler))
     pos.batch = done
-    return line + f"; epoch {pos.epoch + 1} continues after {used} of its samples"
+    line += f"; epoch {pos.epoch + 1} continues after {used} of its samples"
+    return line + padding_note(loader, pos.epoch)
 
 
 class PluginStateError(Exception):
