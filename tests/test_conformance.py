@@ -53,7 +53,7 @@ def test_plugin_conformance(name: str, check: str, tmp_path: Path) -> None:
     [
         ("from hookrun import Plugin, hookimpl, __version__\nfrom hookrun import *\n", []),
         ("from hookrun import Runner, dist\n", [(1, "hookrun.dist")]),
-        ("from hookrun import (\n    Plugin,\n    dist as d,\n)\n", [(1, "hookrun.dist")]),
+        ("from hookrun import (\n    Plugin,\n    dist as d,\n)\n", [(3, "hookrun.dist")]),
         ("import hookrun.dist\n", [(1, "hookrun.dist")]),
         ("import hookrun.dist as d\n", [(1, "hookrun.dist")]),
         ("from hookrun.errors import ConfigError\n", [(1, "hookrun.errors")]),

@@ -137,7 +137,7 @@ def internal_imports(source: str, *, test_file: bool = False) -> list[tuple[int,
             modules = [node.module]
             if node.module == "hookrun":
                 found |= {
-                    (node.lineno, f"hookrun.{a.name}")
+                    (a.lineno, f"hookrun.{a.name}")
                     for a in node.names
                     if a.name != "*" and a.name not in public
                 }
