@@ -78,8 +78,11 @@ def test_internal_imports_allows_hookrun_testing_in_tests_only() -> None:
     assert internal_imports("from hookrun import testing, dist\n", test_file=True) == [
         (1, "hookrun.dist")
     ]
-    tests = ["p/tests/helpers.py", "p/test_x.py", "p/x_test.py", "p/conftest.py"]
-    assert [is_test_file(path) for path in [*tests, "p/hookrun_x/testing.py"]] == [
-        *[True] * len(tests),
-        False,
+    files = [
+        "tests/test_x.py",
+        "x_test.py",
+        "tests/conftest.py",
+        "tests/x.py",
+        "hookrun_x/testing.py",
     ]
+    assert [is_test_file(path) for path in files] == [True, True, True, False, False]

@@ -103,15 +103,11 @@ def plugin_source_files(name: str) -> list[Path]:
 
 
 def is_test_file(path: str | Path) -> bool:
-    """Whether ``path`` is a test file (in a ``tests`` folder, ``test_*.py``, ``*_test.py`` or
-    ``conftest.py``): only tests may import ``hookrun.testing``."""
-    path = Path(path)
-    return (
-        "tests" in path.parts[:-1]
-        or path.name.startswith("test_")
-        or path.name.endswith("_test.py")
-        or path.name == "conftest.py"
-    )
+    """Whether ``path`` names a file pytest reads (``test_*.py``, ``*_test.py``,
+    ``conftest.py``): only tests may import ``hookrun.testing``. By name alone, so where the
+    package is installed does not matter."""
+    name = Path(path).name
+    return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
 
 
 def internal_imports(source: str, *, test_file: bool = False) -> list[tuple[int, str]]:
