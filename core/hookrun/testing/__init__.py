@@ -13,7 +13,6 @@ import pytest
 
 from hookrun.testing.conformance import (
     CONFORMANCE_CHECKS,
-    INTERNAL_MODULES,
     check_default_settings,
     check_docs_page,
     check_no_internal_imports,
@@ -22,6 +21,7 @@ from hookrun.testing.conformance import (
     check_state_round_trip,
     check_works_alone,
     internal_imports,
+    is_test_file,
     plugin_class,
     plugin_source_files,
 )
@@ -72,7 +72,6 @@ from hookrun.testing.task import (
 )
 
 __all__ = [
-    "INTERNAL_MODULES",
     "pytest_configure",
     "isolated_env",
     "hookrun_isolated",
@@ -119,6 +118,7 @@ __all__ = [
     "check_state_round_trip",
     "plugin_source_files",
     "internal_imports",
+    "is_test_file",
     "check_no_internal_imports",
     "CONFORMANCE_CHECKS",
     "check_plugin_conformance",

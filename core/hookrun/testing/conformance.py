@@ -1,6 +1,6 @@
 """Plugin conformance: the checks every installed plugin passes (settings described and
-documented, defaults construct, state survives a checkpoint, trains alone, no internal
-imports)."""
+documented, defaults construct, state survives a checkpoint, trains alone, imports from
+hookrun only what ``hookrun.__all__`` exports)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,6 @@ from hookrun.testing.task import toy_model, toy_runner_kwargs
 if TYPE_CHECKING:
     from hookrun.plugin import Plugin
     from hookrun.runner import Runner
-
-INTERNAL_MODULES = (
-    "runner",
-    "data",
-    "steps",
-    "checkpoint",
-    "manager",
-    "state",
-    "resume",
-    "lifecycle",
-    "loops",
-)
-"""``hookrun.<name>`` modules a plugin must not import: the runner surface replaces them."""
 
 
 def plugin_class(name: str) -> type[Plugin[Any]]:
@@ -115,33 +102,75 @@ def plugin_source_files(name: str) -> list[Path]:
     return [Path(spec.origin)] if spec.origin else []
 
 
-def internal_imports(source: str) -> list[str]:
-    """The ``hookrun.<internal>`` modules a Python source imports, in any spelling."""
-    found = []
-    internal = {f"hookrun.{m}" for m in INTERNAL_MODULES}
-    for node in ast.walk(ast.parse(source)):
+def is_test_file(path: str | Path) -> bool:
+    """Whether ``path`` names a file pytest reads (``test_*.py``, ``*_test.py``,
+    ``conftest.py``): only tests may import ``hookrun.testing``. By name alone, so where the
+    package is installed does not matter."""
+    name = Path(path).name
+    return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
+
+
+def internal_imports(source: str, *, test_file: bool = False) -> list[tuple[int, str]]:
+    """``(line, hookrun.name)`` for each use in a Python source of a hookrun name outside
+    ``hookrun.__all__``: a submodule (``import hookrun.dist``, ``from hookrun.dist import x``),
+    ``from hookrun import name`` or ``hookrun.name`` after ``import hookrun``. ``hookrun.__all__``
+    is the whole of a plugin's API; a test file may also use ``hookrun.testing``."""
+    import hookrun
+
+    public = set(hookrun.__all__) | ({"testing"} if test_file else set())
+    found: set[tuple[int, str]] = set()
+    aliases: set[str] = set()  # the names bound to the ``hookrun`` package itself
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             modules = [alias.name for alias in node.names]
+            aliases |= {
+                a.asname or "hookrun"
+                for a in node.names
+                if a.name == "hookrun" or (a.name.startswith("hookrun.") and not a.asname)
+            }
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            modules = [node.module]
+            if node.module == "hookrun":
+                found |= {
+                    (a.lineno, f"hookrun.{a.name}")
+                    for a in node.names
+                    if a.name != "*" and a.name not in public
+                }
         else:
             continue
         for module in modules:
             parts = module.split(".")
-            if len(parts) >= 2 and ".".join(parts[:2]) in internal:
-                found.append(f"line {node.lineno}: {'.'.join(parts[:2])}")
-    return sorted(set(found))
+            if (
+                parts[0] == "hookrun"
+                and len(parts) > 1
+                and not (test_file and parts[1] == "testing")
+            ):
+                found.add((node.lineno, module))
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr not in public
+        ):
+            found.add((node.lineno, f"hookrun.{node.attr}"))
+    return sorted(found)
 
 
 def check_no_internal_imports(name: str) -> None:
-    """The plugin's package imports nothing from hookrun's internals (runner, data, steps,
-    checkpoint, manager, state): the runner surface and ``hookrun``'s exports are its API."""
+    """The plugin's package uses from hookrun only names in ``hookrun.__all__`` (and, in its
+    test files, ``hookrun.testing``): that and the runner surface are a plugin's API."""
     problems = [
-        f"{path}: {hit}"
+        f"{path}:{line}: {used}"
         for path in plugin_source_files(name)
-        for hit in internal_imports(path.read_text(encoding="utf-8"))
+        for line, used in internal_imports(
+            path.read_text(encoding="utf-8"), test_file=is_test_file(path)
+        )
     ]
-    assert not problems, f"{name} imports hookrun internals:\n" + "\n".join(problems)
+    assert not problems, f"{name} uses hookrun names outside hookrun.__all__:\n" + "\n".join(
+        problems
+    )
 
 
 CONFORMANCE_CHECKS: dict[str, Callable[..., None]] = {

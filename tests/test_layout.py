@@ -1,0 +1,207 @@
+"""The shape of the house (DESIGN §1): no import circles between hookrun's modules, and plugins
+and writers use only ``hookrun.__all__``. Both read source files with ``ast`` (nothing is
+imported), and name no module, so they hold whatever the layout inside ``core/hookrun`` is."""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from hookrun.testing import internal_imports, is_test_file
+
+ROOT = Path(__file__).resolve().parent.parent
+HOOKRUN = ROOT / "core" / "hookrun"
+
+
+def module_files(package: Path) -> dict[str, Path]:
+    """Every module of ``package`` by dotted name; a package's ``__init__.py`` is the package."""
+    modules = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``modules`` that the module ``name`` imports, wherever the import stands
+    (in a function, under ``if TYPE_CHECKING:``). ``from p import x`` is the module ``p.x``
+    when that is one, else ``p``; an import of a name inside a module is that module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(filter(None, [base, node.module]))
+            targets = [
+                f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module
+                for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:  # ``import p.m.x``: the longest module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Which of the package's modules each of its modules imports."""
+    modules = module_files(package)
+    graph = {name: imported_modules(name, path, modules) for name, path in modules.items()}
+    # The top package's __init__ imports its exports lazily (``__getattr__`` over a table of
+    # module names; its own imports are for type checkers only), so importing it runs none of
+    # them: it depends on nothing, and an import of it from a submodule ends there.
+    graph[package.name] = set()
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of ``graph``, each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def shortest_circle(graph: dict[str, set[str]], start: str) -> list[str]:
+    """A shortest path from ``start`` back to itself (breadth first); empty when there is none."""
+    previous: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == start:
+                circle = [node]
+                while circle[-1] != start:
+                    circle.append(previous[circle[-1]])
+                return circle[::-1]
+            if nxt not in previous:
+                previous[nxt] = node
+                queue.append(nxt)
+    return []
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """For every module caught in a circle, a shortest circle through it, each circle once and
+    started at its smallest name: together they name every module and show how each is caught."""
+    found = set()
+    for component in strongly_connected(graph):
+        for node in component:
+            circle = shortest_circle(graph, node)
+            if circle:
+                first = circle.index(min(circle))
+                found.add(tuple(circle[first:] + circle[:first]))
+    return [list(circle) for circle in sorted(found)]
+
+
+def render(circle: list[str]) -> str:
+    return " -> ".join([*circle, circle[0]])
+
+
+def test_circle_finder_names_each_circle_once():
+    graph = {
+        "a": {"b"},
+        "b": {"c", "x"},
+        "c": {"a", "b"},
+        "x": {"y"},
+        "y": set(),
+        "s": {"s"},
+        "p": {"q"},
+        "q": {"p", "a"},
+    }
+    assert [render(c) for c in circles(graph)] == [
+        "a -> b -> c -> a",
+        "b -> c -> b",
+        "p -> q -> p",
+        "s -> s",
+    ]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def test_import_graph_counts_every_import(tmp_path):
+    package = tmp_path / "pkg"
+    write(package / "__init__.py", "from pkg.a import A\n")  # the top package: lazy by rule
+    write(package / "a.py", "import os\nfrom pkg import b\nfrom pkg.sub import thing\n")
+    write(
+        package / "b.py",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\n",
+    )
+    write(package / "sub" / "__init__.py", "from .c import C\n")
+    write(package / "sub" / "c.py", "import pkg\n\ndef f():\n    from .. import b\n")
+    write(package / "sub" / "d.py", "import pkg.sub.c\nfrom . import c, d\n")
+    assert import_graph(package) == {
+        "pkg": set(),
+        "pkg.a": {"pkg.b", "pkg.sub"},
+        "pkg.b": {"pkg.a"},
+        "pkg.sub": {"pkg.sub.c"},
+        "pkg.sub.c": {"pkg", "pkg.b"},
+        "pkg.sub.d": {"pkg.sub.c"},
+    }
+    assert [render(c) for c in circles(import_graph(package))] == [
+        "pkg.a -> pkg.b -> pkg.a",
+        "pkg.a -> pkg.sub -> pkg.sub.c -> pkg.b -> pkg.a",
+    ]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 31: the circles named in HOUSE.md are being removed")
+def test_hookrun_modules_import_no_circle():
+    graph = import_graph(HOOKRUN)
+    assert any(graph.values()), "no import between hookrun's modules was found"
+    found = circles(graph)
+    assert not found, "hookrun's modules import each other in a circle:\n" + "\n".join(
+        map(render, found)
+    )
+
+
+def public_api_users() -> list[Path]:
+    """The source files of every plugin and writer package in the repository."""
+    tops = sorted([*ROOT.glob("plugins/*/hookrun_*"), *ROOT.glob("writers/*/hookrun_*")])
+    return [f for top in tops for f in (sorted(top.rglob("*.py")) if top.is_dir() else [top])]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 31: hookrun.dist is not public yet")
+def test_plugins_and_writers_use_only_hookrun_all():
+    files = public_api_users()
+    assert files, "no plugin or writer package found"
+    problems = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path in files
+        for line, name in internal_imports(
+            path.read_text(encoding="utf-8"), test_file=is_test_file(path)
+        )
+    ]
+    assert not problems, "plugins and writers use hookrun names outside hookrun.__all__:\n" + (
+        "\n".join(problems)
+    )
