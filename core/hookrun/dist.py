@@ -8,7 +8,8 @@ import contextlib
 import functools
 import gc
 import os
-from collections.abc import Callable, Iterator
+import socket
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -140,6 +141,38 @@ def all_gather_object(obj: Any) -> list[Any]:
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def node_peers() -> dict[int, int]:
+    """The other ranks on this node, rank to process id (one gather; empty outside a
+    multi-process run): their liveness is what a rank can see without a collective."""
+    if not is_distributed():
+        return {}
+    rank = get_rank()
+    found = all_gather_object((_node(), os.getpid()))
+    return {r: pid for r, (node, pid) in enumerate(found) if node == found[rank][0] and r != rank}
+
+
+def _node() -> str:
+    """This node's name and PID namespace: process ids compare within one namespace only."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()} {namespace}"
+
+
+def ended(peers: Mapping[int, int]) -> list[int]:
+    """The ranks of ``peers`` (rank to process id, on this node) whose process has ended."""
+    gone = []
+    for rank, pid in peers.items():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            gone.append(rank)
+        except PermissionError:
+            pass  # alive, another user's
+    return gone
 
 
 def rank_zero_only(fn: F) -> F:
