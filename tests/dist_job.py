@@ -2,7 +2,8 @@
 
 Usage: torchrun --nproc-per-node=2 dist_job.py WORK_DIR [--kill-at N] [--resume] [--fail-at N]
        [--term-at N] [--with-plugins | --with-checkpoint] [--subset] [--first-attempt-kill-at N]
-       [--hang-at N] [--busy-at N] [--dist-timeout S] [--resume-from PATH] [--slow-rank1-data SECONDS]
+       [--hang-at N] [--busy-at N] [--dist-timeout S] [--resume-from PATH]
+       [--slow-rank1-data SECONDS]
 
 Every rank writes ``seen_rank{R}.json``: the dataset indices it trained on, epoch by epoch in
 order, and those of its last validation pass.
