@@ -11,6 +11,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -164,15 +165,22 @@ def _node() -> str:
 
 def ended(peers: Mapping[int, int]) -> list[int]:
     """The ranks of ``peers`` (rank to process id, on this node) whose process has ended."""
-    gone = []
-    for rank, pid in peers.items():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            gone.append(rank)
-        except PermissionError:
-            pass  # alive, another user's
-    return gone
+    return [rank for rank, pid in peers.items() if not _running(pid)]
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs; a zombie (ended, not yet reaped by its parent) does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc to tell a zombie by
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def rank_zero_only(fn: F) -> F:
