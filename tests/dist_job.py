@@ -2,7 +2,8 @@
 
 Usage: torchrun --nproc-per-node=2 dist_job.py WORK_DIR [--kill-at N] [--resume] [--fail-at N]
        [--term-at N] [--with-plugins | --with-checkpoint] [--subset] [--first-attempt-kill-at N]
-       [--hang-at N] [--dist-timeout S] [--resume-from PATH] [--slow-rank1-data SECONDS]
+       [--hang-at N] [--busy-at N] [--dist-timeout S] [--resume-from PATH]
+       [--slow-rank1-data SECONDS]
 
 Every rank writes ``seen_rank{R}.json``: the dataset indices it trained on, epoch by epoch in
 order, and those of its last validation pass.
@@ -93,7 +94,8 @@ PLUGINS = {"timer": {"warmup": 1, "window": 3}, "logger": {}}
 
 class Job:
     """Checkpoints every 3 iterations; optionally dies, raises, hangs or (rank 1 alone)
-    receives SIGTERM at an iteration; rank 1 dies in torchrun's first attempt only; or (rank 0)
+    receives SIGTERM at an iteration; rank 1 dies in torchrun's first attempt only, or dies
+    while rank 0 is busy in host code (``--busy-at``, its time in ``rank1_killed``); or (rank 0)
     SIGTERMs the whole process group: the torchrun agent, every rank and their loader workers,
     as a scheduler does."""
 
@@ -105,6 +107,7 @@ class Job:
         self.term_at = args.term_at
         self.group_term_at = args.group_term_at
         self.hang_at = args.hang_at
+        self.busy_at = args.busy_at
         self.seen: dict[str, Any] = {"train": {}, "val": []}
 
     @hookimpl
@@ -124,6 +127,13 @@ class Job:
             self.seen.setdefault("last_iter", []).append(runner.iter)
         if runner.iter == self.hang_at and runner.rank == 1:
             time.sleep(3600)  # a rank that hangs: the others wait in DDP's all-reduce
+        if runner.iter == self.busy_at and runner.rank == 1:
+            (runner.work_dir / "rank1_killed").write_text(str(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        if runner.iter == self.busy_at and runner.rank == 0:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # busy in host code, no collective
+                pass
         if runner.every_n_iters(3):
             runner.save_checkpoint(runner.checkpoint_dir / f"iter_{runner.iter + 1}.pt")
         if runner.iter == self.kill_at or (runner.iter == self.rank1_kill_at and runner.rank == 1):
@@ -147,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--first-attempt-kill-at", type=int, default=-1)
     parser.add_argument("--fail-at", type=int, default=-1)
     parser.add_argument("--hang-at", type=int, default=-1)
+    parser.add_argument("--busy-at", type=int, default=-1)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--resume-from", type=Path)
     parser.add_argument("--with-plugins", action="store_true")

@@ -330,6 +330,21 @@ def test_a_hung_rank_ends_the_job_within_dist_timeout(tmp_path):
     assert not (tmp_path / "final.pt").exists()
 
 
+@pytest.mark.timing
+def test_a_rank_busy_in_host_code_ends_soon_after_its_peer_died(tmp_path):
+    """Rank 1 is SIGKILLed while rank 0 spins in a hook (no collective to fail): torchrun
+    sends rank 0 SIGTERM, and rank 0, seeing rank 1 gone, ends by it at once, not after
+    ``dist_timeout`` (600 s here) nor at torchrun's SIGKILL 30 s later."""
+    proc = torchrun(tmp_path, "--busy-at", "4", timeout=120)
+    ended = time.time()
+    assert proc.returncode != 0
+    elapsed = ended - float((tmp_path / "rank1_killed").read_text())
+    assert elapsed < 20, elapsed
+    line = "[rank 0] hookrun: SIGTERM received, rank 1 has ended: ending without a checkpoint"
+    assert line in proc.stderr.splitlines(), proc.stderr[-3000:]
+    assert "exitcode  : 143" in proc.stderr  # rank 0 ended by the signal, not by SIGKILL
+
+
 TASK = """
 import torch
 from torch import nn

@@ -10,11 +10,13 @@ which the checkpoint restores.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import random
 import signal
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -22,6 +24,18 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, get_worker_info
 
 _MASK = (1 << 63) - 1
+
+_QUIET_ITERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Live iterators whose worker processes ignore the stop signals."""
+
+
+@atexit.register
+def _end_quiet_workers() -> None:
+    """End the workers of live iterators (persistent ones, one left mid-epoch by an exception)
+    before multiprocessing's exit handler sends them SIGTERM, which they ignore, and waits for
+    them forever. Registered after torch's own exit handlers, so it runs before them."""
+    for iterator in list(_QUIET_ITERATORS):
+        iterator._shutdown_workers()  # what the iterator's __del__ calls; torch has no public one
 
 
 def mix_seed(*parts: int) -> int:
@@ -132,7 +146,8 @@ class ResumableLoader:
         workers = loader.num_workers
         self.batches = EpochBatches(batch_sampler, seed, seeded=workers > 0)
         options = loader_options(loader)
-        if workers > 0 and quiet_signals:
+        self.quiet = workers > 0 and bool(quiet_signals)
+        if self.quiet:
             user_init = options["worker_init_fn"]
             options["worker_init_fn"] = functools.partial(_quiet_worker, quiet_signals, user_init)
         self.loader = DataLoader(
@@ -152,7 +167,10 @@ class ResumableLoader:
     def epoch_iter(self, epoch: int, skip: int = 0) -> Iterator[Any]:
         self.batches.epoch = epoch
         self.batches.skip = skip
-        return iter(self.loader)
+        iterator = iter(self.loader)
+        if self.quiet:
+            _QUIET_ITERATORS.add(iterator)
+        return iterator
 
     def continue_epoch(self, epoch: int, batches_done: int, saved_world: int) -> int | None:
         """Continue ``epoch`` after ``batches_done`` batches of each of ``saved_world`` ranks

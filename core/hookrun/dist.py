@@ -8,8 +8,10 @@ import contextlib
 import functools
 import gc
 import os
-from collections.abc import Callable, Iterator
+import socket
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -140,6 +142,45 @@ def all_gather_object(obj: Any) -> list[Any]:
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def node_peers() -> dict[int, int]:
+    """The other ranks on this node, rank to process id (one gather; empty outside a
+    multi-process run): their liveness is what a rank can see without a collective."""
+    if not is_distributed():
+        return {}
+    rank = get_rank()
+    found = all_gather_object((_node(), os.getpid()))
+    return {r: pid for r, (node, pid) in enumerate(found) if node == found[rank][0] and r != rank}
+
+
+def _node() -> str:
+    """This node's name and PID namespace: process ids compare within one namespace only."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()} {namespace}"
+
+
+def ended(peers: Mapping[int, int]) -> list[int]:
+    """The ranks of ``peers`` (rank to process id, on this node) whose process has ended."""
+    return [rank for rank, pid in peers.items() if not _running(pid)]
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs; a zombie (ended, not yet reaped by its parent) does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc to tell a zombie by
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def rank_zero_only(fn: F) -> F:

@@ -201,6 +201,7 @@ class TrainLoop:
         signum = self.stop.agreed
         if signum is None:
             return False
+        self.stop.acting()  # a save may take long: no longer a stop that cannot be honoured
         runner = self.runner
         runner.stop_training = True
         if not self.stop_saved:

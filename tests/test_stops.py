@@ -1,0 +1,202 @@
+"""Every run ends, with real processes and real signals: loader workers that ignore the stop
+signals do not keep a finished process alive, a stop that cannot be honoured at an iteration
+boundary ends the process by its signal after ``dist_timeout``, and a run cut short by a
+signal its shell told it to ignore still ends by that signal, never with 0."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hookrun.testing import isolated_env
+
+TASK = '''
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hookrun import hookimpl
+
+
+class At:
+    """After iteration ``at`` (0-based): notes the time in ``reached``, then ``loop`` spins
+    in Python, ``sleep`` sleeps in C, a signal name sends that signal to this process. Notes
+    the end of the run in ``ended``; ``ignored_at_start`` names the stop signals the process
+    started with ignored."""
+
+    def __init__(self, folder, at, action):
+        self.folder, self.at, self.action = Path(folder), at, action
+
+    @hookimpl
+    def after_train_iter(self, runner):
+        if runner.iter != self.at:
+            return
+        (self.folder / "reached").write_text(repr(time.time()))
+        if self.action == "loop":
+            while True:
+                pass
+        if self.action == "sleep":
+            time.sleep(3600)
+        if self.action.startswith("SIG"):
+            os.kill(os.getpid(), signal.Signals[self.action])
+
+    @hookimpl
+    def after_run(self, runner):
+        (self.folder / "ended").write_text(repr(time.time()))
+
+
+def build(folder, at=-1, action="", workers=0, persistent=False):
+    names = ("SIGINT", "SIGTERM")
+    ignored = [n for n in names if signal.getsignal(signal.Signals[n]) == signal.SIG_IGN]
+    (Path(folder) / "ignored_at_start").write_text(" ".join(ignored))
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g))
+    model = nn.Linear(4, 2)
+    options = dict(batch_size=4, num_workers=workers, persistent_workers=persistent)
+    return {
+        "model": model,
+        "train_dataloader": DataLoader(data, shuffle=True, **options),
+        "val_dataloader": DataLoader(data, **options),
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "criterion": nn.CrossEntropyLoss(),
+        "hooks": [At(folder, at, action)],
+    }
+'''
+
+
+def write_task(folder: Path, epochs: int, runner: str = "", **task_args: object) -> Path:
+    """``stoptask.py`` and a config training it for ``epochs`` epochs of 16 iterations in
+    ``folder``; ``runner`` adds runner settings (YAML flow-mapping entries)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "stoptask.py").write_text(TASK)
+    args = ", ".join(
+        f"{key}: {value!r}" for key, value in {"folder": str(folder), **task_args}.items()
+    )
+    config = folder / "run.yaml"
+    config.write_text(
+        "task: stoptask.py:build\n"
+        f"task_args: {{{args}}}\n"
+        f"runner: {{max_epochs: {epochs}, device: cpu, writers: [], {runner}}}\n"
+        "plugins: {}\n"
+    )
+    return config
+
+
+def hookrun_train(config: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "hookrun",
+        "train",
+        str(config),
+        "--work-dir",
+        str(config.parent / "run"),
+    ]
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"ended early with {proc.returncode}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"{path.name} not written in {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.timing
+def test_persistent_loader_workers_let_the_process_exit_once_training_ends(
+    tmp_path: Path,
+) -> None:
+    """The workers ignore SIGTERM (a group SIGTERM is a preemption, not a worker failure),
+    so multiprocessing's exit-time SIGTERM cannot end them: the process used to wait for
+    them forever. Plain PyTorch with the same loaders exits within a second or two."""
+    config = write_task(tmp_path, epochs=2, workers=2, persistent=True)
+    proc = subprocess.Popen(
+        hookrun_train(config),
+        env=isolated_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"still running after 120 s\n{out[-2000:]}\n{err[-2000:]}")
+    exited = time.time()
+    assert proc.returncode == 0, err[-3000:]
+    ended = float((tmp_path / "ended").read_text())
+    assert exited - ended < 10, exited - ended  # after_run, writers, summary, exit
+    assert "Traceback" not in err
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("action", ["loop", "sleep"])
+def test_sigterm_to_a_process_stuck_in_an_iteration_ends_it_after_dist_timeout(
+    tmp_path: Path, action: str
+) -> None:
+    """A step or hook that never returns (spinning in Python, or in a C call) never reaches
+    the iteration boundary where the stop would save: the process ends by the signal once
+    ``dist_timeout`` passed without an iteration, with one line saying why."""
+    config = write_task(tmp_path, epochs=50, runner="dist_timeout: 3", at=2, action=action)
+    proc = subprocess.Popen(
+        hookrun_train(config),
+        env=isolated_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(tmp_path / "reached", proc)
+        time.sleep(0.5)  # inside the stuck hook
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode in (128 + signal.SIGTERM, -signal.SIGTERM), (proc.returncode, err)
+    assert 3 <= elapsed < 3 + 5, elapsed
+    assert err.strip() == (
+        "hookrun: SIGTERM received, no iteration ended in 3 s: ending without a checkpoint"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (tmp_path / "ended").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "shell"),
+    [
+        ("SIGINT", '"$0" "$@" & wait $!'),  # a non-interactive shell's `cmd &` ignores SIGINT
+        ("SIGTERM", 'trap "" TERM; "$0" "$@" & wait $!'),
+    ],
+)
+def test_a_run_cut_short_by_a_signal_started_ignored_ends_by_it(
+    tmp_path: Path, name: str, shell: str
+) -> None:
+    """The signal is in ``stop_signals``, so it stops the run (a save, "stopping") even
+    though the process started with it ignored; the process then ends by that signal (130,
+    143), not with 0 after 5 of 6,400 iterations."""
+    config = write_task(tmp_path, epochs=400, at=4, action=name)
+    proc = subprocess.run(
+        ["sh", "-c", shell, *hookrun_train(config)],
+        env=isolated_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert name in (tmp_path / "ignored_at_start").read_text().split()
+    assert proc.returncode == 128 + signal.Signals[name], (proc.returncode, proc.stderr)
+    saved = tmp_path / "run" / "checkpoints" / "stop_iter_5.pt"
+    assert f"{name} received: saved {saved}; stopping" in proc.stdout
+    assert saved.is_file()
