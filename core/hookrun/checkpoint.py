@@ -15,6 +15,7 @@ import secrets
 import shutil
 import stat
 import warnings
+import zipfile
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -216,6 +217,8 @@ def load(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dic
     try:
         with open_regular(path) as f, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the reason says it
+            mmap = mmap and zipfile.is_zipfile(f)  # torch maps only its zip format
+            f.seek(0)
             # mmap needs a name: the descriptor's own (Linux), so the file checked is the file read
             proc = f"/proc/self/fd/{f.fileno()}"
             source: Any = (proc if os.path.exists(proc) else str(path)) if mmap else f
