@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 LOCK_NAME = ".hookrun.lock"
 FINISHED_NAME = ".hookrun.finished"  # the final position of a run that completed
 MANIFEST_NAME = ".hookrun.files"  # the files hookrun created here, one JSON string a line
-OWN_NAMES = (LOCK_NAME, FINISHED_NAME, MANIFEST_NAME)
 # file systems mounted without lock support (Lustre `noflock`, some NFS set-ups)
 _NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
 
