@@ -414,3 +414,16 @@ def test_a_damaged_checkpoint_given_to_resume_is_one_line(capsys, config, tmp_pa
     code, out, err = run_cli(capsys, "train", config, "--work-dir", work, "--resume", bad)
     assert f"cannot load checkpoint {bad}: {reason}" in one_line(code, out, err)
     assert digests(work) == before
+
+
+@pytest.mark.parametrize("name", [workdir.LOCK_NAME, "log.jsonl", workdir.FINISHED_NAME])
+def test_a_fifo_where_hookrun_writes_or_reads_its_own_files_is_one_line(config, tmp_path, name):
+    work = tmp_path / "run"
+    work.mkdir()
+    os.mkfifo(work / name)
+    done = hookrun("train", config, "--work-dir", work, "--resume", "auto", timeout=90)
+    if name == workdir.FINISHED_NAME:  # only read, and not a record: the run goes on
+        assert done.returncode == 0, done.stderr
+        return
+    line = one_line(done.returncode, done.stdout, done.stderr)
+    assert str(work / name) in line and "FIFO" in line
