@@ -357,8 +357,8 @@ def check_unused(work_dir: Path, checkpoint_dirs: Iterable[Path]) -> list[Path]:
     leftovers = failed_start_leftovers(work_dir, checkpoint_dirs)
     if leftovers is None:
         raise HookrunError(
-            f"work dir {work_dir} already holds a run; continue it with `--resume auto` "
-            "(resume='auto'), or start a new one with another `--work-dir` (or delete the folder)"
+            f"work dir {work_dir} already holds a run; continue it with `--resume auto`, "
+            "or start a new one with another `--work-dir` (or delete the folder)"
         )
     return leftovers
 
