@@ -226,15 +226,19 @@ def test_auto_skips_each_damaged_file_naming_it_and_leaves_the_runner_untouched(
     moved = good.rename(tmp_path / "aside.pt")
     capsys.readouterr()
 
-    # the damaged file alone: skipped, named, and nothing of the runner changed
+    # the damaged file alone: named, and refused rather than trained over (a fresh start
+    # would write its files over it); nothing of the runner changed
     runner = make_runner(tmp_path)
     before = snapshot(runner)
-    assert run_state.resume_auto(runner) is None
+    with pytest.raises(CheckpointMismatchError) as refused:
+        run_state.resume_auto(runner)
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 2, out
+    assert len(out) == 1, out
     assert out[0].startswith(f"[hookrun] skipping checkpoint {damaged}: {reason}")
-    fresh = f"no checkpoint in {folder} that loads and fits this run; starting fresh"
-    assert out[1] == f"[hookrun] {fresh}"
+    assert str(refused.value).startswith(
+        f"resume auto: no checkpoint in {folder} can continue this run, and starting fresh "
+        f"would write over them; the newest, iter_9.pt, {reason}"
+    )
     assert_states_equal(snapshot(runner), before)
     assert not (tmp_path / "PWNED").exists()
 
@@ -396,7 +400,8 @@ def test_a_plugin_refusing_its_state_leaves_the_run_untouched(tmp_path, capsys):
     assert first.count == 0  # put back
     assert_states_equal(snapshot(fresh), before)
     capsys.readouterr()
-    assert run_state.resume_auto(fresh) is None
+    with pytest.raises(CheckpointMismatchError, match="no checkpoint in .* can continue"):
+        run_state.resume_auto(fresh)  # nothing else to resume from, and no fresh start over it
     assert f"skipping checkpoint {path}: plugins." in capsys.readouterr().out
 
 

@@ -13,15 +13,18 @@ import random
 import re
 import secrets
 import shutil
+import stat
 import warnings
+import zipfile
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from hookrun.errors import CheckpointError, CheckpointMismatchError
+from hookrun.workdir import record_created
 
 FORMAT = "hookrun/1"
 
@@ -72,17 +75,20 @@ class _RecordingFile:
 def _atomic(path: str | Path, fill: Callable[[Any], object]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    existed = os.path.lexists(path)
     fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             fill(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # replaces a link planted at ``path``, never its target
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+    if not existed:
+        record_created(path)  # in the manifest of the work dir held, if any
     return path
 
 
@@ -125,9 +131,14 @@ SHARDED_STATE_FILE = "state.pt"
 def checkpoint_state_file(path: str | Path) -> Path:
     """The file holding checkpoint ``path``'s non-tensor state (loop, plugins): the file
     itself, or a sharded checkpoint folder's ``state.pt`` (both load with
-    ``torch.load(weights_only=True)``)."""
+    ``torch.load(weights_only=True)``). Raises :class:`CheckpointMismatchError` when that is
+    not a regular file: a FIFO named like a checkpoint would block its reader forever."""
     path = Path(path)
-    return path / SHARDED_STATE_FILE if path.is_dir() else path
+    file = path / SHARDED_STATE_FILE if path.is_dir() else path
+    problem = not_regular(file)
+    if problem:
+        raise _unloadable(file, problem)
+    return file
 
 
 def remove_checkpoint(path: str | Path) -> None:
@@ -155,18 +166,63 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``; anything else is refused.
+def not_regular(path: str | Path) -> str | None:
+    """Why ``path`` (links followed) is no file to read a checkpoint from, or None: a FIFO
+    blocks its reader, a device such as ``/dev/zero`` never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # the reader names it (not found, no permission)
+    return None if stat.S_ISREG(mode) else _kind_of(mode)
 
-    A file that cannot be read, is not a ``torch.save`` file, holds something the
-    ``weights_only`` loader refuses (a pickled class, a ``__reduce__`` payload) or is not a
-    ``hookrun/1`` dict raises :class:`CheckpointMismatchError` with one line: ``cannot load
-    checkpoint PATH: REASON`` (torch's multi-line advice condensed to its gist).
+
+def _kind_of(mode: int) -> str:
+    kinds = {
+        stat.S_IFIFO: "a FIFO",
+        stat.S_IFCHR: "a character device",
+        stat.S_IFBLK: "a block device",
+        stat.S_IFSOCK: "a socket",
+        stat.S_IFDIR: "a folder",
+    }
+    return f"not a regular file ({kinds.get(stat.S_IFMT(mode), 'not a file')})"
+
+
+def open_regular(path: str | Path) -> BinaryIO:
+    """``path`` opened to read, refused with an ``OSError`` naming what it is unless it is a
+    regular file. It is opened without blocking and checked on the descriptor, so a file
+    swapped for a FIFO after any earlier check cannot block the reader either."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(_kind_of(mode))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def load(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``; anything else is refused. ``mmap``
+    maps the tensors instead of reading them (to look at a position or check a fit).
+
+    A file that is not a regular file (a FIFO, a device), cannot be read, is not a
+    ``torch.save`` file, holds something the ``weights_only`` loader refuses (a pickled
+    class, a ``__reduce__`` payload) or is not a ``hookrun/1`` dict raises
+    :class:`CheckpointMismatchError` with one line: ``cannot load checkpoint PATH: REASON``
+    (torch's multi-line advice condensed to its gist). Every checkpoint hookrun reads goes
+    through here.
     """
     try:
-        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the reason says it
-            warnings.simplefilter("ignore")
-            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        with open_regular(path) as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the reason says it
+            mmap = mmap and zipfile.is_zipfile(f)  # torch maps only its zip format
+            f.seek(0)
+            # mmap needs a name: the descriptor's own (Linux), so the file checked is the file read
+            proc = f"/proc/self/fd/{f.fileno()}"
+            source: Any = (proc if os.path.exists(proc) else str(path)) if mmap else f
+            checkpoint = torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:
         raise _unloadable(path, load_error_reason(exc, path)) from exc
     if not isinstance(checkpoint, dict):
@@ -243,10 +299,18 @@ def candidates(folder: Path, report: Callable[[str], None] | None = None) -> lis
     go by modification time, ties broken by the numbers in their names (iter_10 > iter_8).
     ``latest`` is trusted with nothing: unless it holds one plain file name (no ``/``,
     ``\\`` or ``..``) of a ``*.pt`` file of the folder it is ignored, and ``report`` says why.
+    Anything else named ``*.pt`` (a FIFO, a device, a link to one) is skipped, and ``report``
+    names it and what it is.
     """
     if not folder.is_dir():
         return []
-    files = [p for p in folder.glob("*.pt") if p.is_file() or p.is_dir()]  # dirs: sharded
+    files = []
+    for path in folder.glob("*.pt"):
+        problem = None if path.is_dir() else not_regular(path)  # dirs: sharded checkpoints
+        if problem is None and os.path.exists(path):
+            files.append(path)
+        elif problem is not None and report is not None:
+            report(f"skipping {path}: {problem}")
     files.sort(key=lambda p: (p.stat().st_mtime_ns, _natural(p.name)), reverse=True)
     pointer = folder / "latest"
     if pointer.is_file():
@@ -268,7 +332,8 @@ def pointed(folder: Path) -> str | None:
 def _pointer_name(pointer: Path) -> tuple[str | None, str]:
     """The plain file name ``pointer`` holds, or None and why not."""
     try:
-        raw = pointer.read_bytes()[:4097]
+        with open_regular(pointer) as f:
+            raw = f.read(4097)
     except OSError as exc:
         return None, f"cannot be read ({exc.strerror or exc})"
     if len(raw) > 4096:

@@ -10,9 +10,8 @@ rank 0 prints the run's output; every rank prints its own errors, prefixed ``[ra
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -135,14 +134,11 @@ def train(
     loaded = launch.load_everywhere(config, overrides, work_dir, named)
     out = loaded.work_dir
     # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
-    with _created_for(out), workdir.hold(out, enabled=rank() == 0, notice=_notice):
-        leftovers = launch.check_fresh_work_dir(loaded) if resume is None else None
+    with workdir.hold(out, enabled=rank() == 0, notice=_notice):
+        if resume is None:  # refused before the task is built
+            launch.check_fresh_work_dir(loaded)
         _notice(f"building task {loaded.data['task']} ...")  # importing torch takes seconds
         runner = launch.build_runner(loaded)
-        if resume not in (None, "auto"):
-            from hookrun.state import check_fit
-
-            check_fit(runner, Path(resume), resume=True)  # before anything is written
         finished = workdir.finished_position(runner) if resume == "auto" else None
         if finished is not None:
             last = runner.max_iters
@@ -150,10 +146,12 @@ def train(
             where = f"iteration {finished.iter} {beyond}"
             echo(f"run in {out} is already finished ({where}); nothing to do")
             return
+        from hookrun.state import check_start
+
+        with dist.errors_agreed():  # every check that can refuse, before anything is written
+            check_start(runner, resume)
         dist.barrier()  # every rank checked the work dir before rank 0 writes into it
         if runner.is_main:
-            if leftovers is not None:
-                _notice(workdir.start_over(out, leftovers))
             workdir.clear_finished(out)
             launch.save_resolved_config(loaded)
         if verbose:
@@ -163,30 +161,6 @@ def train(
         print_summary(runner, loaded, runner.last_metrics.get("val"), test)
         if runner.is_main:
             workdir.mark_finished(runner)  # what `--resume auto` checks
-
-
-@contextlib.contextmanager
-def _created_for(work_dir: Path) -> Iterator[None]:
-    """A command refused with a user's mistake leaves no trace: the work dir (and parents)
-    it created, holding nothing but the lock file, are removed again."""
-    from hookrun.workdir import LOCK_NAME
-
-    missing = []
-    folder = work_dir.absolute()
-    while not folder.exists() and folder.parent != folder:
-        missing.append(folder)
-        folder = folder.parent
-    try:
-        yield
-    except HookrunError:
-        lock = missing[0] / LOCK_NAME if missing else None
-        if lock is not None and rank() == 0:
-            with contextlib.suppress(OSError):
-                if [p.name for p in lock.parent.iterdir()] == [LOCK_NAME]:
-                    lock.unlink()
-                for created in missing:
-                    created.rmdir()  # refuses a folder that holds anything else
-        raise
 
 
 def _notice(message: str) -> None:
@@ -259,7 +233,7 @@ def _evaluate(
     out = loaded.work_dir
     # the work dir's lock, as train takes it: evaluation appends to the run's logs
     hint = "evaluate into another --work-dir"
-    with _created_for(out), workdir.hold(out, enabled=rank() == 0, hint=hint, notice=_notice):
+    with workdir.hold(out, enabled=rank() == 0, hint=hint, notice=_notice):
         _notice(f"building task {loaded.data['task']} ...")
         runner = build_runner(loaded, training=False)
         if getattr(runner, f"{mode}_dataloader") is None:

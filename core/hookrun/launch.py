@@ -53,28 +53,12 @@ def load_everywhere(
     return loaded
 
 
-def check_fresh_work_dir(loaded: LoadedConfig) -> list[Path] | None:
-    """Refuse a work dir that holds a run, so no run is ever overwritten.
+def check_fresh_work_dir(loaded: LoadedConfig) -> None:
+    """Refuse a work dir that holds a run (:func:`hookrun.workdir.check_unused`, the rule
+    ``Runner.train`` applies too), before the task is built."""
+    from hookrun.workdir import check_unused
 
-    An empty or missing folder is fresh (the lock file aside): None. So is one that only
-    holds what a run that never completed an iteration left
-    (:func:`hookrun.workdir.failed_start_leftovers`): the files to remove before starting
-    over in it are returned.
-    """
-    from hookrun.workdir import FINISHED_NAME, LOCK_NAME, failed_start_leftovers
-
-    out = loaded.work_dir
-    if out.exists() and not out.is_dir():
-        raise HookrunError(f"work dir {out} exists and is not a folder")
-    if not out.is_dir() or all(p.name in (LOCK_NAME, FINISHED_NAME) for p in out.iterdir()):
-        return None
-    leftovers = failed_start_leftovers(out, checkpoint_dirs(loaded))
-    if leftovers is None:
-        raise HookrunError(
-            f"work dir {out} already holds a run; continue it with `--resume auto`, "
-            "or start a new one with another `--work-dir` (or delete the folder)"
-        )
-    return leftovers
+    check_unused(loaded.work_dir, checkpoint_dirs(loaded))
 
 
 def checkpoint_dirs(loaded: LoadedConfig) -> list[Path]:

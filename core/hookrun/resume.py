@@ -48,16 +48,18 @@ def fit_problems(runner: Runner, checkpoint: Mapping[str, Any], resume: bool) ->
     problem, each with a count and the first case, e.g. ``model: 14 size mismatches, first:
     features.0.weight [32,1,3,3] (checkpoint) vs [16,1,3,3] (model)``. Empty when it fits.
 
-    Only the weights are checked unless ``resume``; with ``resume`` the optimizer (groups,
-    parameters per group, state shapes), the scheduler and scaler states (dicts, when
-    present), the RNG streams (structure and sizes, tried on throwaway generators) and the
-    loop position too. Nothing is modified.
+    Only the weights are checked unless ``resume``; with ``resume`` the optimizer (its kind,
+    groups, parameters per group, state shapes), the scheduler and scaler states (dicts,
+    when present), the RNG streams (structure and sizes, tried on throwaway generators) and
+    the loop position (within this run's epoch) too. Nothing is modified.
     """
     problems = _model_problems(runner.unwrapped_model.state_dict(), checkpoint)
     if not resume:
         return problems
     if runner.optimizer is not None and "optimizer" in checkpoint:
-        problems += _optimizer_problems(runner.optimizer, checkpoint["optimizer"])
+        meta = checkpoint.get("meta")
+        saved_name = meta.get("optimizer") if isinstance(meta, Mapping) else None
+        problems += _optimizer_problems(runner.optimizer, checkpoint["optimizer"], saved_name)
     for name in ("scheduler", "scaler"):
         present = getattr(runner, name) is not None and name in checkpoint
         if present and not isinstance(checkpoint[name], Mapping):
@@ -65,7 +67,9 @@ def fit_problems(runner: Runner, checkpoint: Mapping[str, Any], resume: bool) ->
     if not isinstance(checkpoint.get("plugins", {}), Mapping):
         problems.append(f"plugins: {_kind(checkpoint['plugins'])}, not a dict")
     problems += _rng_problems(checkpoint, runner.rank, runner.world_size)
-    problems += _loop_problems(checkpoint)
+    loader = runner._loaders["train"]
+    per_epoch = len(loader) if loader is not None else None
+    problems += _loop_problems(checkpoint, per_epoch, runner.by_epoch, runner.world_size)
     return problems
 
 
@@ -161,12 +165,19 @@ def _model_problems(expected: Mapping[str, Any], checkpoint: Mapping[str, Any]) 
     return problems
 
 
-def _optimizer_problems(optimizer: torch.optim.Optimizer, saved: Any) -> list[str]:
+def _optimizer_problems(
+    optimizer: torch.optim.Optimizer, saved: Any, saved_name: Any = None
+) -> list[str]:
     groups = saved.get("param_groups") if isinstance(saved, Mapping) else None
     state = saved.get("state") if isinstance(saved, Mapping) else None
     if not isinstance(groups, list) or not isinstance(state, Mapping):
         return ["optimizer: not an optimizer state dict (no 'param_groups' list and 'state')"]
     current = optimizer.param_groups
+    other = _other_kind(groups, current)
+    if other:
+        name = type(optimizer).__name__
+        kind = saved_name if isinstance(saved_name, str) else "another optimizer's"
+        return [f"optimizer: {kind} state cannot restore {name} ({other})"]
     if len(groups) != len(current):
         return [
             f"optimizer: {_count(len(groups), 'parameter group')} in the checkpoint, "
@@ -204,6 +215,22 @@ def _optimizer_problems(optimizer: torch.optim.Optimizer, saved: Any) -> list[st
     if mismatched:
         return ["optimizer: " + _counted(len(mismatched), "state mismatch", mismatched[0])]
     return []
+
+
+def _other_kind(groups: list[Any], current: list[dict[str, Any]]) -> str | None:
+    """What shows that ``groups`` (a checkpoint's parameter groups) belong to another kind of
+    optimizer than ``current``: settings each side has and the other lacks (SGD's
+    ``momentum`` against Adam's ``betas``). A torch release adds settings to one side only,
+    which is no other kind: its ``load_state_dict`` fills them in."""
+    if not groups or not current or not isinstance(groups[0], Mapping):
+        return None
+    saved, live = set(groups[0]) - {"params"}, set(current[0]) - {"params"}
+    if not saved - live or not live - saved:
+        return None
+    return (
+        f"its settings {', '.join(sorted(saved - live))} against "
+        f"{', '.join(sorted(live - saved))} here"
+    )
 
 
 def _rng_problems(checkpoint: Mapping[str, Any], rank: int, world_size: int) -> list[str]:
@@ -291,7 +318,16 @@ def _numpy_problem(npst: Any) -> str | None:
     return None
 
 
-def _loop_problems(checkpoint: Mapping[str, Any]) -> list[str]:
+def _loop_problems(
+    checkpoint: Mapping[str, Any], per_epoch: int | None, by_epoch: bool, world_size: int
+) -> list[str]:
+    """A position that is not one, or one beyond the end of this run's epoch.
+
+    A mid-epoch position counts batches; when this run's epoch has fewer (a larger batch
+    size, less data) the position names no place in it, and continuing would train the
+    epoch's end twice over or count it done: refused, rather than guessed. A checkpoint of
+    another number of ranks is moved to this run's ranks by the samples it used instead
+    (:func:`hookrun.state.restore`)."""
     if "loop" not in checkpoint:
         return ["no 'loop' entry (saved with weights only?)"]
     try:
@@ -301,4 +337,14 @@ def _loop_problems(checkpoint: Mapping[str, Any]) -> list[str]:
     negative = [f"{k}={v}" for k, v in vars(position).items() if type(v) is int and v < 0]
     if negative:
         return [f"loop: negative position ({', '.join(negative)})"]
+    ranks = checkpoint.get("rng_ranks")
+    saved_world = len(ranks) if isinstance(ranks, list) and ranks else 1
+    same_ranks = saved_world == world_size and not position.epoch_closed(by_epoch)
+    if per_epoch is not None and same_ranks and position.batch > per_epoch:
+        return [
+            f"loop: the checkpoint is at batch {position.batch} of epoch "
+            f"{position.epoch + 1} and an epoch of this run has {per_epoch} batches (the "
+            "batch size or the data changed); resume with the batch size and data it was "
+            "saved with"
+        ]
     return []

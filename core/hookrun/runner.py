@@ -318,27 +318,41 @@ class Runner:
     # -- public entry points -------------------------------------------------------------
 
     def train(self, resume: str | Path | None = None) -> None:
-        """Train from scratch, from ``resume`` (a path), or from the newest checkpoint ("auto")."""
+        """Train from scratch, from ``resume`` (a path), or from the newest checkpoint ("auto").
+
+        Refused before anything is written (:func:`hookrun.state.check_start`): a work dir
+        another run holds, one that holds a run without ``resume``, a checkpoint that cannot
+        continue the run, a train loader without batches."""
         if self._loaders["train"] is None or self.optimizer is None:
             raise ConfigError("runner.train: train_dataloader and optimizer are required")
         stop = self.stop_signals
         if not stop.install(self.world_size, self.dist_timeout, lambda: self.position.iter):
             self.info("not in the main thread: stop signals are left alone")
-        # one run per work dir: another process's lock is refused before the writers open
+        # one run per work dir: another run's lock is refused before the writers open, and so
+        # is every other mistake (a folder left by a refused start is removed again)
         lock = workdir.hold(self.work_dir, self.is_main, "use another work_dir", self.info)
         try:
-            with lock, self._run("train"):
-                self.clock.start()
-                self.hooks.before_run(runner=self)
-                if resume is not None:
-                    run_state.resume(self, resume)
-                self.hooks.before_train(runner=self)
-                TrainLoop(self).run()
-                self.hooks.after_train(runner=self)
-                self.hooks.after_run(runner=self)
+            with lock:
+                with dist.errors_agreed():
+                    leftovers = run_state.check_start(self, resume)
+                line = workdir.start_over(self.work_dir, leftovers) if self.is_main else None
+                if line:
+                    self.info(line)
+                self._train(resume)
         finally:
             stop.restore()
         stop.redeliver()  # after every after_run and the writers' close
+
+    def _train(self, resume: str | Path | None) -> None:
+        with self._run("train"):
+            self.clock.start()
+            self.hooks.before_run(runner=self)
+            if resume is not None:
+                run_state.resume(self, resume)
+            self.hooks.before_train(runner=self)
+            TrainLoop(self).run()
+            self.hooks.after_train(runner=self)
+            self.hooks.after_run(runner=self)
 
     def val(self) -> dict[str, float]:
         """Evaluate on ``val_dataloader`` with the current weights."""

@@ -8,12 +8,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookrun import checkpoint as ckpt_io
-from hookrun import dist
-from hookrun.errors import CheckpointError, CheckpointMismatchError
+from hookrun import dist, workdir
+from hookrun.errors import CheckpointError, CheckpointMismatchError, ConfigError
 from hookrun.loop import LoopPosition, Phase
 from hookrun.lr_schedule import continue_schedule
 from hookrun.resume import disagreement, fit_problems, non_finite, summary
@@ -42,6 +43,7 @@ def collect(runner: Runner, save_optimizer: bool = True) -> dict[str, Any]:
             "iter": pos.iter,
             "time": time.time(),
             "world_size": runner.world_size,
+            "optimizer": type(runner.optimizer).__name__ if runner.optimizer else None,
         },
         "model": runner.unwrapped_model.state_dict(),
         "loop": pos.state_dict(),
@@ -152,11 +154,12 @@ def _restore_plugins(runner: Runner, saved: dict[str, Any]) -> None:
             ) from exc
 
 
-def load(path: Path) -> dict[str, Any]:
-    """A checkpoint file, or a sharded checkpoint folder (:func:`hookrun.sharded.load`)."""
+def load(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint file (its tensors memory-mapped with ``mmap``, to check a fit), or a
+    sharded checkpoint folder (:func:`hookrun.sharded.load`)."""
     if path.is_dir():
         return _sharded().load(path)
-    checkpoint = ckpt_io.load(path)
+    checkpoint = ckpt_io.load(path, mmap=mmap)
     checkpoint.pop("sharded", None)  # the folder's path, set by its loader: never a file's word
     return checkpoint
 
@@ -176,14 +179,38 @@ def _sharded() -> Any:
     return sharded
 
 
-def check_fit(runner: Runner, path: Path, resume: bool) -> dict[str, Any]:
-    """The checkpoint at ``path`` (a file or a sharded folder), loaded and found to fit
-    ``runner``; changes nothing. The CLI asks before it writes anything into the work dir."""
+def check_start(runner: Runner, resume: str | Path | None) -> list[Path]:
+    """Every check that can refuse ``runner.train(resume)``, run before anything of the run
+    is written (the CLI asks before it writes ``config.yaml``, ``Runner.train`` before its
+    writers open): a train loader without batches; without ``resume``, a work dir that
+    holds a run (:func:`hookrun.workdir.check_unused`); an explicit checkpoint that does not
+    fit; under ``"auto"``, checkpoints of which none can continue the run. Returns the
+    leftovers of a start that never completed an iteration (for
+    :func:`hookrun.workdir.start_over`). Changes nothing."""
+    loader = runner._loaders["train"]
+    if loader is not None and len(loader) == 0:
+        raise ConfigError("train_dataloader: yields no batches")
+    if resume is None:
+        folders = dict.fromkeys([runner.checkpoint_dir, workdir.checkpoint_dir(runner)])
+        return workdir.check_unused(runner.work_dir, folders)
+    if str(resume) == "auto":
+        survey = _Survey()
+        for _ in _fitting(runner, workdir.checkpoint_dir(runner), survey, report=None):
+            return []
+        survey.raise_when_refused()
+    else:
+        check_fit(runner, Path(resume), resume=True, mmap=True)
+    return []
+
+
+def check_fit(runner: Runner, path: Path, resume: bool, mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint at ``path`` (a file or a sharded folder), loaded (its tensors mapped
+    with ``mmap``) and found to fit ``runner``; changes nothing."""
     if not path.exists():
         raise CheckpointMismatchError(
             f"checkpoint not found: {path}", path=path, reason="file not found"
         )
-    checkpoint = load(path)
+    checkpoint = load(path, mmap)
     problems = fit_problems(runner, checkpoint, resume)
     if problems:
         reason = f"does not fit this run: {summary(problems)}"
@@ -237,61 +264,98 @@ def resume_auto(runner: Runner) -> Path | None:
 
     Candidates go newest first, the file the ``latest`` pointer names (a plain name of the
     folder, or the pointer is ignored with a notice) before the others. Every file that
-    cannot be loaded, does not fit the run (:func:`hookrun.resume.fit_problems`), has
-    weights that are not finite, or holds a plugin state its plugin refuses, is skipped with
-    one line naming it and the reason; nothing of the runner is changed by a skipped file.
-    The line ``resumed from PATH at iteration N (why)`` names the file chosen.
+    cannot be loaded (a FIFO or device named like a checkpoint among them), does not fit the
+    run (:func:`hookrun.resume.fit_problems`), has weights that are not finite, or holds a
+    plugin state its plugin refuses, is skipped with one line naming it and the reason;
+    nothing of the runner is changed by a skipped file. The line ``resumed from PATH at
+    iteration N (why)`` names the file chosen.
 
-    Weights that are not finite are never resumed from automatically: when every file that
-    fits has them, :class:`~hookrun.errors.CheckpointMismatchError` says so (name one to use
-    it anyway). When no file loads and fits (or there is none) the run starts fresh.
+    Only a folder without checkpoints starts fresh. When checkpoints exist and none can
+    continue the run (the model was widened, ``torch.compile`` renamed its keys),
+    :class:`~hookrun.errors.CheckpointMismatchError` names the newest and why: a fresh
+    start would write over them. Weights that are not finite are never resumed from
+    automatically (name one to use it anyway).
     """
     folder = runner.checkpoint_dir
-    skipped: list[Path] = []
-    not_finite: list[Path] = []
-    for path in ckpt_io.candidates(folder, runner.info):
-        try:
-            checkpoint = load(path)
-        except CheckpointMismatchError as exc:
-            runner.info(f"skipping checkpoint {path}: cannot be loaded: {exc.reason}")
-            skipped.append(path)
-            continue
-        problems = fit_problems(runner, checkpoint, resume=True)
-        if problems:
-            runner.info(f"skipping checkpoint {path}: does not fit this run: {summary(problems)}")
-            skipped.append(path)
-            continue
-        bad = non_finite(checkpoint["model"])
-        if bad:
-            runner.info(f"skipping checkpoint {path}: weights are not finite ({bad})")
-            skipped.append(path)
-            not_finite.append(path)
-            continue
+    survey = _Survey()
+    for path, checkpoint in _fitting(runner, folder, survey, runner.info):
         try:
             _restore(runner, checkpoint, True, path)
         except PluginStateError as exc:
             runner.info(f"skipping checkpoint {path}: {exc}")
-            skipped.append(path)
+            survey.refused.append((path, str(exc)))
             continue
         runner.resumed_from = path
         why = "newest that loads and fits"
         if ckpt_io.pointed(folder) == path.name:
             why = f"named by {folder / 'latest'}"
-        if skipped:
-            why += f"; skipped {len(skipped)}"
+        if survey.refused:
+            why += f"; skipped {len(survey.refused)}"
         runner.info(f"resumed from {path} at iteration {runner.iter} ({why})")
         return path
-    if not_finite:
-        raise CheckpointMismatchError(
-            f"resume auto: every checkpoint in {folder} that fits this run has weights that "
-            f"are not finite (newest: {not_finite[0].name}); name one explicitly to resume "
-            "from it anyway, or start a new run",
-            path=not_finite[0],
-            reason="weights are not finite",
-        )
-    fits = " that loads and fits this run" if skipped else ""
-    runner.info(f"no checkpoint in {folder}{fits}; starting fresh")
+    survey.raise_when_refused()
+    runner.info(f"no checkpoint in {folder}; starting fresh")
     return None
+
+
+class _Survey:
+    """The checkpoints :func:`_fitting` passed over: each with why, and those whose weights
+    are not finite."""
+
+    def __init__(self) -> None:
+        self.refused: list[tuple[Path, str]] = []
+        self.not_finite: list[Path] = []
+        self.folder = Path()
+
+    def raise_when_refused(self) -> None:
+        """Refuse to start fresh over checkpoints that exist (none of them could continue)."""
+        folder = self.folder
+        if self.not_finite:
+            raise CheckpointMismatchError(
+                f"resume auto: every checkpoint in {folder} that fits this run has weights "
+                f"that are not finite (newest: {self.not_finite[0].name}); name one explicitly "
+                "to resume from it anyway, or start a new run",
+                path=self.not_finite[0],
+                reason="weights are not finite",
+            )
+        if self.refused:
+            path, reason = self.refused[0]
+            raise CheckpointMismatchError(
+                f"resume auto: no checkpoint in {folder} can continue this run, and starting "
+                f"fresh would write over them; the newest, {path.name}, {reason}",
+                path=path,
+                reason=reason,
+            )
+
+
+def _fitting(
+    runner: Runner, folder: Path, survey: _Survey, report: Callable[[str], None] | None
+) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The checkpoints of ``folder`` that load, fit the run and hold finite weights, newest
+    first, loaded (tensors mapped when there is no ``report``: a check, not a restore);
+    every other is added to ``survey`` and given to ``report`` with why."""
+    survey.folder = folder
+    for path in ckpt_io.candidates(folder, report):
+        try:
+            checkpoint = load(path, mmap=report is None)
+        except CheckpointMismatchError as exc:
+            reason = f"cannot be loaded: {exc.reason}"
+        else:
+            problems = fit_problems(runner, checkpoint, resume=True)
+            bad = None if problems else non_finite(checkpoint["model"])
+            if not problems and not bad:
+                yield path, checkpoint
+                continue
+            if bad:
+                survey.not_finite.append(path)
+            reason = (
+                f"does not fit this run: {summary(problems)}"
+                if problems
+                else (f"weights are not finite ({bad})")
+            )
+        survey.refused.append((path, reason))
+        if report is not None:
+            report(f"skipping checkpoint {path}: {reason}")
 
 
 def _restore(runner: Runner, checkpoint: dict[str, Any], resume: bool, path: Path) -> None:

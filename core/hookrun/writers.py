@@ -29,6 +29,7 @@ from hookrun.discovery import (
     installed,
 )
 from hookrun.errors import ConfigError
+from hookrun.workdir import check_no_links, open_for_writing
 
 #: How a run ended, handed to :meth:`Writer.finish`: trackers close their run with it.
 RUN_STATUSES = ("finished", "failed", "killed")
@@ -98,7 +99,9 @@ class JsonlWriter(Writer):
         super().__init__(work_dir)
         self.path = self.work_dir / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8", buffering=1)  # a crash loses no line
+        check_no_links(self.work_dir, self.path.parent)
+        fd = open_for_writing(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)  # a crash loses no line
 
     def write_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         record: dict[str, Any] = {"step": step, "time": round(time.time(), 3)}
@@ -143,12 +146,14 @@ class TensorBoardWriter(Writer):
         from tensorboardX.proto.event_pb2 import Event
 
         self.log_dir = self.work_dir / subdir
+        check_no_links(self.work_dir, self.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # the pid and a counter keep two writers opened in the same second (train, then test)
         # from sharing a file
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
         self.path = self.log_dir / f"{name}.{os.getpid()}.{next(_OPENED)}"
-        self._file = self.path.open("wb")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        self._file = os.fdopen(open_for_writing(self.path, flags), "wb")
         self._tags: dict[str, str] = {}
         self._write_event(Event(wall_time=time.time(), file_version="brain.Event:2"))
 
@@ -320,9 +325,14 @@ def open_writers(
     """Instantiate resolved writers in ``work_dir`` (ready instances are used as they are),
     giving each the state its name holds in ``states`` (what the same Runner's previous
     pass left, so a test pass continues the training's tracker run)."""
-    writers = [
-        cls if isinstance(cls, Writer) else cls(work_dir, **options) for cls, options in resolved
-    ]
+    writers: list[Writer] = []
+    try:
+        for cls, options in resolved:
+            writers.append(cls if isinstance(cls, Writer) else cls(work_dir, **options))
+    except BaseException:  # a writer refused (a planted link): the others are closed again
+        for writer in writers:
+            writer.close()
+        raise
     restore_writer_states(writers, states or {})
     return writers
 
