@@ -150,12 +150,18 @@ class StopSignals:
         process with status 128 + N. A signal caught too late to stop training (under
         torch.distributed, after the last agreement) is re-delivered too. A signal the process
         started with ignored (a shell's ``cmd &`` ignores SIGINT) was a stop signal all the
-        same: it ends the process by its default action, so a run cut short never exits 0."""
+        same, so a run cut short never returns normally: it raises what the signal's handler
+        would have (``KeyboardInterrupt`` for SIGINT, ``SystemExit(128 + N)`` otherwise), which
+        ends a command with 130 or 128 + N and leaves a caller's process (a notebook, a test
+        worker) alive to handle it."""
         number = self.agreed or self.caught
         self.agreed = self.caught = None
-        if number is not None:
-            if signal.getsignal(number) == signal.SIG_IGN:
-                signal.signal(number, signal.SIG_DFL)
-            sys.stdout.flush()  # a default action ends the process without Python's cleanup
-            sys.stderr.flush()
-            signal.raise_signal(number)
+        if number is None:
+            return
+        if signal.getsignal(number) == signal.SIG_IGN:
+            if number == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + number)
+        sys.stdout.flush()  # a default action ends the process without Python's cleanup
+        sys.stderr.flush()
+        signal.raise_signal(number)
