@@ -11,6 +11,29 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+DEFAULT_MAX_EPOCHS = 10
+"""Epochs of a run given neither ``max_epochs`` nor ``max_iters``: one value, so a
+:class:`~hookrun.Runner` and ``hookrun schedule`` of the same config agree on the length."""
+
+
+def group_ends(batches: int, per_epoch: int, grad_accum: int) -> bool:
+    """Whether ``batches`` done in an epoch end an accumulation group: every
+    ``grad_accum``-th batch, and the epoch's last (a short group when it does not divide)."""
+    return batches % grad_accum == 0 or batches == per_epoch
+
+
+def groups_closed(epochs: int, batches: int, per_epoch: int, grad_accum: int) -> int:
+    """Accumulation groups (so optimizer steps) closed after ``epochs`` whole epochs and
+    ``batches`` (at most ``per_epoch``) batches of the next, by :func:`group_ends`."""
+    per_group = -(-per_epoch // grad_accum)
+    return epochs * per_group + (per_group if batches >= per_epoch else batches // grad_accum)
+
+
+def group_done(batches: int, grad_accum: int) -> int:
+    """Batches of the group in progress after ``batches`` (at least 1) of an epoch: groups
+    start at every ``grad_accum``-th batch."""
+    return (batches - 1) % grad_accum + 1
+
 
 class Phase(str, Enum):
     """What is done in the current epoch: training (``TRAIN``), its last batch
@@ -33,7 +56,11 @@ class LoopPosition:
     ``after_train_iter`` hooks, ``epoch_ending`` through ``after_train_epoch``: the runner's
     counters advance after the ``after_*`` hooks (DESIGN §3). ``stepping`` is true from the
     optimizer step until the position counts it: the weights and the position disagree then,
-    so no checkpoint may be taken. None of the three is saved."""
+    so no checkpoint may be taken. None of the three is saved.
+
+    ``closes_group`` and ``optimizer_steps`` are the loop's accumulation facts, the one
+    place the core and plugins read them from; neither is saved either: both follow from
+    the position (:meth:`recount`)."""
 
     epoch: int = 0
     """The epoch (0-based)."""
@@ -49,6 +76,19 @@ class LoopPosition:
     """True through ``after_train_epoch``."""
     stepping: bool = False
     """True from the optimizer step until the position counts it: no checkpoint then."""
+    closes_group: bool = False
+    """Whether the running iteration ends an accumulation group, so its optimizer step
+    follows its backward (every ``grad_accum``-th batch of an epoch, and the epoch's last):
+    set before ``before_train_iter``, kept through ``after_train_iter``; between iterations,
+    whether the last one done closed a group."""
+    optimizer_steps: int = 0
+    """Optimizer steps taken in the run, counted as each is taken: one per accumulation
+    group, inside ``after_optimizer_step`` already counting the step just taken. A step
+    AMP's GradScaler skips for inf/NaN gradients counts, as Lightning's progress counts
+    every optimizer step call (knowing the skip would cost a device sync per step), and so
+    does one a ``before_optimizer_step`` hook vetoes; the per-iteration schedule steps at
+    each of them too. So the count is the schedule's step count, and a resume restores it
+    from the position."""
 
     def state_dict(self) -> dict[str, Any]:
         """Plain types only (``weights_only`` loading), the ``hookrun/1`` layout."""
@@ -68,6 +108,13 @@ class LoopPosition:
             iter=int(state["iter"]),
             phase=Phase(state["phase"]),
         )
+
+    def recount(self, per_epoch: int, grad_accum: int) -> None:
+        """Set the accumulation facts a restored position implies, with this run's epoch
+        length (as the schedule continues): they are not saved."""
+        batches = min(self.batch, per_epoch)
+        self.closes_group = group_ends(batches, per_epoch, grad_accum)
+        self.optimizer_steps = groups_closed(self.epoch, batches, per_epoch, grad_accum)
 
     def epoch_closed(self, by_epoch: bool) -> bool:
         """Whether the current epoch's training is over (its last batch done)."""

@@ -19,7 +19,7 @@ from torch.distributed.algorithms.join import Join
 
 from hookrun import dist, fsdp
 from hookrun.errors import ConfigError
-from hookrun.loop import LoopPosition, Phase
+from hookrun.loop import LoopPosition, Phase, group_done, group_ends
 from hookrun.optim_step import TailJoin
 from hookrun.sharding import last_batch
 from hookrun.steps import MetricMeans, batch_size, evaluation_values, to_device, training_losses
@@ -43,7 +43,7 @@ class TrainLoop:
         pos: LoopPosition = runner.position
         by_epoch = runner.by_epoch
         # a save at a group's end, taken before the validation due there (a stop signal's)
-        pending_val = self.validation_waiting() and self.closes_group(pos.batch, per_epoch)
+        pending_val = self.validation_waiting() and pos.closes_group
         runner.stop_training = False
         runner.reporter.start(pos.iter)
         while not self.finished():
@@ -77,13 +77,8 @@ class TrainLoop:
         runner, pos = self.runner, self.runner.position
         if runner.by_epoch or pos.phase is not Phase.TRAIN or pos.batch == 0:
             return False
-        in_group = (pos.batch - 1) % runner.grad_accum + 1
+        in_group = group_done(pos.batch, runner.grad_accum)
         return any(runner.validation_schedule.due(pos.iter - k) for k in range(in_group))
-
-    def closes_group(self, batches: int, per_epoch: int) -> bool:
-        """Whether ``batches`` done in an epoch end an accumulation group (the epoch's last
-        batch closes one)."""
-        return batches % self.runner.grad_accum == 0 or batches == per_epoch
 
     def iters_done(self) -> bool:
         runner = self.runner
@@ -125,6 +120,7 @@ class TrainLoop:
             count = count or (batch_size(batch) if batch is not None else 0)
             if move:
                 batch = to_device(batch, device)
+            pos.closes_group = group_end = group_ends(batch_idx + 1, per_epoch, accum)
             if before_iter is not None:
                 before_iter(runner=runner, batch_idx=batch_idx, batch=batch)
             done = pos.iter + 1
@@ -148,7 +144,6 @@ class TrainLoop:
                 mark, since = mark + paused, since + paused
             # a stop and a validation wait for the accumulation group's end: partial gradients
             # are not saved, so the checkpoints taken then would not resume exactly
-            group_end = accum == 1 or (batch_idx + 1) % accum == 0 or batch_idx + 1 == per_epoch
             halt = stop.agreed is not None and group_end
             ending = runner.stop_training or halt or (by_iters and self.iters_done())
             val_due = val_due or (by_iters and schedule.due(done))
@@ -242,12 +237,13 @@ class TrainStep:
             losses["loss"].backward()
             pos.stepping = True
             self.optimizer.step()
+            pos.optimizer_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
         elif self.uneven and batch_idx + 1 == self.per_epoch:
             losses = self.joined(batch)
         else:
             optim = self.optim
-            boundary = (batch_idx + 1) % optim.grad_accum == 0 or batch_idx + 1 == self.per_epoch
+            boundary = pos.closes_group
             if self.plain:
                 losses = training_losses(model, module, self.step, runner.criterion, batch)
                 optim.backward(losses["loss"])

@@ -9,7 +9,6 @@ run logs.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookrun.errors import HookrunError
-from hookrun.loop import Phase
+from hookrun.loop import DEFAULT_MAX_EPOCHS, Phase, group_ends, groups_closed
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +44,7 @@ def compute(loaded: LoadedConfig) -> list[ScheduledIter]:
     objects = build_task(loaded, training=True)
     runner = loaded.runner
     batches = len(objects["train_dataloader"])
-    max_iters = runner["max_iters"] or (runner["max_epochs"] or 10) * batches
+    max_iters = runner["max_iters"] or (runner["max_epochs"] or DEFAULT_MAX_EPOCHS) * batches
     return list(
         simulate(
             objects["optimizer"],
@@ -90,7 +89,7 @@ def simulate(
                 tuple(_momentum(g) for g in groups if _momentum(g) is not None),  # type: ignore[misc]
             )
             done += 1
-            boundary = (batch_idx + 1) % grad_accum == 0 or batch_idx + 1 == batches_per_epoch
+            boundary = group_ends(batch_idx + 1, batches_per_epoch, grad_accum)
             if boundary and interval == "iter" and scheduler is not None:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -156,9 +155,7 @@ def steps_taken(runner: Any) -> int:
     done = pos.batch >= per_epoch
     if runner.scheduler_interval == "epoch":
         return pos.epoch + int(done and pos.phase is not Phase.TRAIN)
-    accum = runner.grad_accum
-    per_group = math.ceil(per_epoch / accum)
-    return pos.epoch * per_group + (per_group if done else pos.batch // accum)
+    return groups_closed(pos.epoch, pos.batch, per_epoch, runner.grad_accum)
 
 
 def _described(state: Any) -> Any:

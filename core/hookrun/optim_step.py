@@ -2,7 +2,8 @@
 ``no_sync``, clipping, and the four hook points around them (DESIGN §3).
 
 Kept apart from the loop the way MMEngine splits ``OptimWrapper`` from its loops: the loop
-decides *when* (which batch closes an accumulation group), this object *how*.
+decides *when* (the position's ``closes_group``), this object *how*, and counts each step
+in the position's ``optimizer_steps``.
 """
 
 from __future__ import annotations
@@ -104,8 +105,9 @@ class OptimizerStep:
                 scaler.step(optimizer)
             else:
                 optimizer.step()
-            if self.after_step:
-                hooks.after_optimizer_step(runner=runner, optimizer=optimizer)
+        runner.position.optimizer_steps += 1  # vetoed or skipped by GradScaler: still a step
+        if stepped and self.after_step:
+            hooks.after_optimizer_step(runner=runner, optimizer=optimizer)
         if scaler is not None:
             scaler.update()
         optimizer.zero_grad(set_to_none=True)

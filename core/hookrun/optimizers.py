@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hookrun.discovery import did_you_mean
 from hookrun.errors import ConfigError
+from hookrun.loop import DEFAULT_MAX_EPOCHS, groups_closed
 
 if TYPE_CHECKING:
     import torch
@@ -293,12 +294,12 @@ def run_length(
 ) -> RunLength:
     """Optimizer steps of a run: groups of ``grad_accum`` batches per epoch, an epoch's last
     batch closing a group (a run ending mid-epoch steps only at complete groups)."""
-    per_epoch = math.ceil(batches_per_epoch / grad_accum)
+    per_epoch = groups_closed(1, 0, batches_per_epoch, grad_accum)
     if max_iters is None:
-        epochs = max_epochs or 10
+        epochs = max_epochs or DEFAULT_MAX_EPOCHS
         return RunLength(epochs, per_epoch, epochs * per_epoch)
     full, rest = divmod(max_iters, batches_per_epoch)
-    steps = full * per_epoch + rest // grad_accum
+    steps = groups_closed(full, rest, batches_per_epoch, grad_accum)
     return RunLength(full + (1 if rest else 0), per_epoch, steps, max_iters)
 
 
@@ -354,7 +355,7 @@ def schedule_errors(
     config = SchedulerConfig.model_validate(section)
     interval = schedule_interval(section, runner)
     max_iters = runner.get("max_iters")
-    epochs = None if max_iters is not None else runner.get("max_epochs") or 10
+    epochs = None if max_iters is not None else runner.get("max_epochs") or DEFAULT_MAX_EPOCHS
     problem = warmup_problem(config.warmup, interval, epochs, max_iters)
     if problem:
         return [problem]

@@ -25,7 +25,7 @@ from hookrun.dispatch import HookStats
 from hookrun.errors import CheckpointError, ConfigError
 from hookrun.fsdp import shard_model
 from hookrun.lifecycle import DEFAULT_STOP_SIGNALS, StopSignals
-from hookrun.loop import LoopPosition, ValidationSchedule
+from hookrun.loop import DEFAULT_MAX_EPOCHS, LoopPosition, ValidationSchedule
 from hookrun.loops import TrainLoop, evaluate
 from hookrun.manager import PluginManager
 from hookrun.optim_step import OptimizerStep
@@ -150,7 +150,7 @@ class Runner:
         self.train_dataloader = train_dataloader
         self.val_dataloader = val_dataloader
         self.test_dataloader = test_dataloader
-        self.max_epochs = max_epochs if max_epochs is not None or max_iters else 10
+        self.max_epochs = max_epochs if max_epochs is not None or max_iters else DEFAULT_MAX_EPOCHS
         self._max_iters = max_iters
         self.by_epoch = max_iters is None
         self.val_interval = val_interval
@@ -349,6 +349,7 @@ class Runner:
             self.hooks.before_run(runner=self)
             if resume is not None:
                 run_state.resume(self, resume)
+                self.position.recount(self._batches_per_epoch(), self.grad_accum)
             self.hooks.before_train(runner=self)
             TrainLoop(self).run()
             self.hooks.after_train(runner=self)

@@ -44,7 +44,12 @@ class RunnerProtocol(Protocol):
 
     @property
     def position(self) -> LoopPosition:
-        """The saved loop position (epoch, batches done, iterations done, phase)."""
+        """The loop position, the one home of the loop's facts: ``epoch``, ``batch``
+        (batches done in it), ``iter`` (iterations done) and ``phase`` are saved in
+        checkpoints; ``closes_group`` (whether the running iteration ends an accumulation
+        group, so an optimizer step follows its backward) and ``optimizer_steps`` (optimizer
+        steps taken, a GradScaler-skipped or vetoed one included) are not, they follow from
+        the rest. Ask these rather than deriving them from ``grad_accum`` or gradients."""
 
     @property
     def max_iters(self) -> int:
@@ -72,7 +77,8 @@ class RunnerProtocol(Protocol):
 
     @property
     def grad_accum(self) -> int:
-        """Batches per optimizer step."""
+        """Batches per optimizer step (an epoch's last group may be shorter: the position's
+        ``closes_group`` says where a group ends)."""
 
     @property
     def seed(self) -> int:

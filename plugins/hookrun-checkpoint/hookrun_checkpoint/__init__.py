@@ -279,16 +279,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         before = runner.inner_iter % accum  # iterations of this group before this one
         if done // interval == (done - before - 1) // interval:
             return False  # no multiple of interval in this group so far
-        return (runner.inner_iter + 1) % accum == 0 or self._stepped(runner)
-
-    @staticmethod
-    def _stepped(runner: RunnerProtocol) -> bool:
-        """Whether the optimizer holds no gradient: it stepped (and zeroed them) at this
-        iteration, which closes a group early at an epoch's last batch."""
-        optimizer = runner.optimizer
-        if optimizer is None:
-            return True
-        return all(p.grad is None for group in optimizer.param_groups for p in group["params"])
+        return runner.position.closes_group
 
     @hookimpl
     def after_train_epoch(self, runner: RunnerProtocol) -> None:

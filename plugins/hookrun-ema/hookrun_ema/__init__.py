@@ -94,8 +94,8 @@ class EMA(Plugin[EMASettings]):
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
         self._shadow_of(runner.unwrapped_model)
-        if self.steps is None:  # older checkpoints counted iterations: exact without accumulation
-            self.steps = runner.iter // runner.grad_accum
+        if self.steps is None:  # a state without the count: the position's
+            self.steps = runner.position.optimizer_steps
 
     @hookimpl
     def after_optimizer_step(self, runner: RunnerProtocol) -> None:
