@@ -9,8 +9,9 @@ import pytest
 from test_plugin_manager import Tagged
 
 from hookrun import Priority, Runner, hookimpl
-from hookrun.dispatch import HookCaller, HookStats, Impl
+from hookrun.dispatch import HookCaller, Impl
 from hookrun.errors import PluginError
+from hookrun.hook_stats import HookStats
 from hookrun.manager import PluginManager
 from hookrun_testutil import toy_runner_kwargs
 

@@ -30,12 +30,12 @@ from hookrun.dispatch import (
     ON_EXCEPTION,
     HookCaller,
     Hooks,
-    HookStats,
     Impl,
     hook_arguments,
     hook_points,
 )
 from hookrun.errors import PluginError, validation_lines
+from hookrun.hook_stats import HookStats
 from hookrun.plugin import Plugin, Priority, parse_priority
 
 
