@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -218,3 +223,70 @@ def test_every_val_and_test_hook_sees_eval_mode_and_training_hooks_train_mode(tm
     assert len(evaluation) == 2 * 8 + 8 + 8  # two validations in train(), val(), test()
     assert not any(evaluation)
     assert all(training) and len(training) == 2 * (2 + 2 * 3)
+
+
+THIRD_PARTY = """
+from hookrun import Plugin, hookimpl
+
+CALLS = []
+
+class Alpha(Plugin):
+    name = "order_alpha"
+
+    @hookimpl(trylast=True)
+    def before_train(self):
+        CALLS.append("order_alpha")
+
+class Beta(Plugin):
+    name = "order_beta"
+
+    @hookimpl(tryfirst=True)
+    def before_train(self):
+        CALLS.append("order_beta")
+
+class Gamma(Plugin):
+    name = "order_gamma"
+    priority = 90
+
+    @hookimpl(wrapper=True)
+    def before_train(self):
+        CALLS.append("order_gamma")
+        return (yield)
+
+class Delta(Plugin):
+    name = "order_delta"
+    priority = "HIGH"
+
+    @hookimpl(trylast=True)
+    def before_train(self):
+        CALLS.append("order_delta")
+"""
+
+
+def test_plugins_list_load_shows_the_order_a_run_calls(make_dist, tmp_path):
+    """Third-party plugins with priorities, tryfirst/trylast and a wrapper: the call order
+    ``hookrun plugins list --load`` prints is the order a real run's dispatch calls."""
+    names = {
+        f"order_{n}": f"order_plugins:{n.title()}" for n in ("alpha", "beta", "gamma", "delta")
+    }
+    site = make_dist("hookrun-order", "order_plugins", THIRD_PARTY, {"hookrun.plugins": names})
+    module = importlib.import_module("order_plugins")
+    plugins = dict.fromkeys(names, True)
+    Runner(**toy_runner_kwargs(tmp_path, plugins=plugins, max_epochs=1)).train()
+    called = list(module.CALLS)
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKRUN_")}
+    listed = subprocess.run(
+        [sys.executable, "-m", "hookrun", "plugins", "list", "--load"],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(site)},
+        timeout=300,
+    )
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith("before_train ")]
+    shown = [entry.split(" (")[0] for entry in row.split(None, 1)[1].split(", ")]
+    # the wrapper outermost; within priority 50 the tryfirst plugin first, although by name
+    # (the registration order) it comes second
+    assert called == ["order_gamma", "order_delta", "order_beta", "order_alpha"]
+    assert [name for name in shown if name in names] == called

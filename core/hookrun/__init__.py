@@ -36,7 +36,7 @@ _EXPORTS = {
     "RunnerProtocol": "hookrun.surface",
     "LoopPosition": "hookrun.loop",
     "Phase": "hookrun.loop",
-    "HookStats": "hookrun.dispatch",
+    "HookStats": "hookrun.hook_stats",
     "mix_seed": "hookrun.data",
     "loader_options": "hookrun.data",
     "atomic_write_text": "hookrun.checkpoint",
@@ -58,13 +58,13 @@ if TYPE_CHECKING:
     from hookrun.direction import better as better
     from hookrun.direction import metric_rule as metric_rule
     from hookrun.direction import resolve_rule as resolve_rule
-    from hookrun.dispatch import HookStats as HookStats
     from hookrun.dist import rank_zero_only as rank_zero_only
     from hookrun.errors import CheckpointError as CheckpointError
     from hookrun.errors import CheckpointMismatchError as CheckpointMismatchError
     from hookrun.errors import ConfigError as ConfigError
     from hookrun.errors import HookrunError as HookrunError
     from hookrun.errors import PluginError as PluginError
+    from hookrun.hook_stats import HookStats as HookStats
     from hookrun.loop import LoopPosition as LoopPosition
     from hookrun.loop import Phase as Phase
     from hookrun.plugin import Plugin as Plugin

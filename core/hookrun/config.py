@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from hookrun.arguments import RunnerArguments, error_lines, path_problem
+from hookrun.arguments import error_lines, path_problem
+from hookrun.config_model import Config, RunnerConfig
 from hookrun.errors import ConfigError, HookrunError, validation_lines
 from hookrun.optimizers import (
-    OptimizerConfig,
-    SchedulerConfig,
     optimizer_errors,
     schedule_errors,
     scheduler_errors,
@@ -48,41 +47,6 @@ __all__ = [
     "settings_rows",
     "validate",
 ]
-
-
-class RunnerConfig(RunnerArguments):
-    """The ``runner:`` section: exactly the Runner's plain arguments (``RunnerArguments``)."""
-
-
-class Config(BaseModel):
-    """The whole config file."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    task: str = Field(
-        description="What builds the model and data: `module:callable`, or "
-        "`path/to/file.py:callable` relative to the config file.",
-        pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_.]*$",
-    )
-    task_args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments for the task callable."
-    )
-    runner: RunnerConfig = Field(
-        default_factory=lambda: RunnerConfig.model_validate({}), description="Runner arguments."
-    )
-    plugins: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Plugin name to a settings mapping (enable and "
-        "configure), true (enable with defaults) or false (disable).",
-    )
-    optimizer: OptimizerConfig | None = Field(
-        None,
-        description="The optimizer, built over the task's model: `type` and its keywords "
-        "(the task then returns none).",
-    )
-    scheduler: SchedulerConfig | None = Field(
-        None, description="The learning-rate schedule: an optional warm-up, then `main`."
-    )
 
 
 @dataclass

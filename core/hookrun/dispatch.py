@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 from hookrun import hookspecs
 from hookrun.discovery import did_you_mean
+from hookrun.hook_stats import HookStats
 
 ON_EXCEPTION = "on_exception"
 _FAILED = object()  # what a failed step at on_exception returns instead of raising
@@ -226,26 +227,6 @@ def _finish(
         return stop.value
     gen.close()
     raise RuntimeError(f"hook wrapper {gen.__qualname__} has a second yield")
-
-
-class HookStats:
-    """Time spent inside hook calls: a total always, per plugin and hook when profiling."""
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        """Seconds spent in hook calls during the run."""
-        self.profile = False
-        """Whether ``per_hook`` is filled (the timer's hook table turns it on)."""
-        self.per_hook: dict[tuple[str, str], list[float]] = {}
-        """(plugin, hook point) to [calls, seconds], while ``profile`` is true."""
-
-    def record(self, owner: str, hook: str, seconds: float, calls: int = 1) -> None:
-        """Add one call's time; a wrapper's part after its ``yield`` adds time, not a call."""
-        entry = self.per_hook.get((owner, hook))
-        if entry is None:
-            entry = self.per_hook[(owner, hook)] = [0, 0.0]
-        entry[0] += calls
-        entry[1] += seconds
 
 
 class Hooks:

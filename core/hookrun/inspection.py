@@ -12,9 +12,9 @@ from typing import Any
 import pluggy
 
 from hookrun import hookspecs
-from hookrun.discovery import EntryPointInfo
+from hookrun.discovery import EntryPointInfo, installed_plugins
 from hookrun.dispatch import hook_arguments, hook_points
-from hookrun.manager import check_hookimpls
+from hookrun.manager import HookRegistry, register
 from hookrun.plugin import parse_priority
 
 
@@ -51,10 +51,11 @@ def describe_plugin(
 
 
 def _hookimpls(name: str, instance: object) -> tuple[list[str], set[str]]:
-    """Problems of the plugin's hook implementations, and the hook points they serve."""
+    """Problems of the plugin's hook implementations (as a run would find them), and the
+    hook points they serve."""
     pm = pluggy.PluginManager("hookrun")
     pm.add_hookspecs(hookspecs)
-    problems = check_hookimpls(pm, name, instance)
+    problems = register(pm, name, instance)
     implemented = set()
     for attr in dir(instance):
         opts: dict[str, Any] | None = (
@@ -67,15 +68,22 @@ def _hookimpls(name: str, instance: object) -> tuple[list[str], set[str]]:
 
 def call_order(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
     """Each hook point with the usable plugins of ``rows`` (``describe_plugin`` results with
-    ``name``) serving it, lowest priority number first, ties by name: the order in which a
-    run with all of them enabled calls them."""
-    usable = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["priority"])
-    table = []
-    for hook in hook_points():
-        names = [f"{r['name']} ({r['priority']})" for r in usable if hook in r["hooks"]]
-        if names:
-            table.append((hook, names))
-    return table
+    ``name``, in installed order) serving it, ``name (priority)``, in the order a run with
+    all of them enabled and their default settings calls them: the run's own
+    :class:`~hookrun.manager.HookRegistry` computes it."""
+    found = installed_plugins()
+    selected: list[tuple[str, object]] = []
+    for row in rows:
+        if row["status"] == "ok":
+            cls = found[row["name"]].entry_point.load()
+            selected.append((row["name"], cls(cls.Settings())))
+    priorities = {row["name"]: row["priority"] for row in rows if row["status"] == "ok"}
+    registry = HookRegistry(selected, priorities)
+    return [
+        (hook, [f"{name} ({priorities[name]})" for name in names])
+        for hook, names in registry.table()
+        if names
+    ]
 
 
 def hook_entries() -> list[dict[str, Any]]:

@@ -73,11 +73,11 @@ def checkpoint_dirs(loaded: LoadedConfig) -> list[Path]:
 
 
 def build_runner(loaded: LoadedConfig, training: bool = True) -> Any:
-    """Seed, build the task's objects (:func:`hookrun.task.build_task`), construct the Runner
+    """Seed, build the task's objects (:func:`hookrun.build.build_task`), construct the Runner
     (which joins the launch's process group unless :func:`load_everywhere` did)."""
+    from hookrun.build import build_task
     from hookrun.dist import errors_agreed
     from hookrun.runner import Runner
-    from hookrun.task import build_task
 
     with errors_agreed():  # a task that fails on one rank ends every rank
         objects = build_task(loaded, training)

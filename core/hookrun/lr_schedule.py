@@ -39,7 +39,7 @@ def check_plot_extra() -> None:
 def compute(loaded: LoadedConfig) -> list[ScheduledIter]:
     """Build the task (model, loaders, optimizer, schedule) as ``hookrun train`` does and
     step its schedule through the whole run."""
-    from hookrun.task import build_task
+    from hookrun.build import build_task
 
     objects = build_task(loaded, training=True)
     runner = loaded.runner

@@ -30,17 +30,112 @@ from hookrun.dispatch import (
     ON_EXCEPTION,
     HookCaller,
     Hooks,
-    HookStats,
     Impl,
     hook_arguments,
     hook_points,
 )
 from hookrun.errors import PluginError, validation_lines
+from hookrun.hook_stats import HookStats
 from hookrun.plugin import Plugin, Priority, parse_priority
 
 
-class PluginManager:
-    """The active plugins and hooks of one runner, loaded and validated at construction."""
+class HookRegistry:
+    """Plugins and hooks registered with pluggy, and the one place their call order is
+    computed: a run's dispatch, its ``-v`` hook table and ``hookrun plugins list --load``
+    all read it, so what is listed is what is called.
+
+    The order at each hook point: the owner's priority (lower first); within one priority
+    ``tryfirst`` implementations, then plain ones, then ``trylast`` ones; then the order of
+    ``selected`` (installed plugins by name, then ad-hoc hooks as given).
+    """
+
+    def __init__(
+        self,
+        selected: Iterable[tuple[str, object]],
+        priorities: Mapping[str, int],
+        errors: Iterable[str] = (),
+    ) -> None:
+        """Register ``selected``; every problem (``errors`` found before, then each object's
+        hook implementations) is raised together as one PluginError."""
+        selected = list(selected)
+        self.pm = pluggy.PluginManager("hookrun")
+        self.pm.add_hookspecs(hookspecs)
+        errors = [
+            *errors,
+            *(line for name, obj in selected for line in register(self.pm, name, obj)),
+        ]
+        if errors:
+            raise PluginError(errors)
+        ordered = sorted(selected, key=lambda item: priorities[item[0]])
+        self.ordered: list[tuple[str, object]] = ordered
+        self.plugins: dict[str, object] = dict(ordered)
+        self.priorities: dict[str, int] = dict(priorities)  # parsed: "HIGH" as its int
+        self.rank = {name: (priorities[name], i) for i, (name, _) in enumerate(ordered)}
+        self.unused: dict[str, Collection[str]] = {}  # plugin name -> hook points left idle
+        self.stats = HookStats()
+        self.hooks = Hooks({name: self._caller(name) for name in hook_points()})
+
+    def drop_unused(self, runner: object) -> None:
+        """Stop calling the hook points each plugin's ``unused_hooks(runner)`` names (a call
+        costs about a microsecond: a few percent of a small model's step)."""
+        for name, obj in self.ordered:
+            ask = getattr(obj, "unused_hooks", None)
+            if callable(ask):
+                self.unused[name] = set(ask(runner))
+        for hook in {hook for hooks in self.unused.values() for hook in hooks}:
+            setattr(self.hooks, hook, self._caller(hook))
+
+    def _caller(self, hook: str) -> HookCaller:
+        """Order one hook point by priority, then tryfirst/trylast, then registration."""
+        pluggy_caller = getattr(self.pm.hook, hook)
+        rank = self.rank
+
+        def key(impl: pluggy.HookImpl) -> tuple[int, int, int]:
+            priority, index = rank[impl.plugin_name]
+            return priority, 0 if impl.tryfirst else 2 if impl.trylast else 1, index
+
+        found = sorted(
+            (
+                i
+                for i in pluggy_caller.get_hookimpls()
+                if hook not in self.unused.get(i.plugin_name, ())
+            ),
+            key=key,
+        )
+        # arguments with a default (pluggy's kwargnames) are passed too, unlike pluggy
+        bound = [(i, Impl.of(i.function, i.argnames + i.kwargnames, i.plugin_name)) for i in found]
+        spec = pluggy_caller.spec
+        return HookCaller(
+            hook,
+            self.stats,
+            [impl for i, impl in bound if not i.wrapper],
+            [impl for i, impl in bound if i.wrapper],
+            firstresult=bool(spec and spec.opts.get("firstresult")),
+            guarded=hook == ON_EXCEPTION,
+        )
+
+    def table(self) -> list[tuple[str, list[str]]]:
+        """Each hook point with the plugins serving it, in call order (wrappers first,
+        outermost first): read from the callers dispatch uses."""
+        rows = []
+        for hook in hook_points():
+            caller: HookCaller = getattr(self.hooks, hook)
+            rows.append((hook, [impl.owner for impl in (*caller.wrappers, *caller.impls)]))
+        return rows
+
+    def stateful(self) -> dict[str, object]:
+        """Active plugins and hooks that keep state in checkpoints."""
+        return {
+            name: obj
+            for name, obj in self.ordered
+            if callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None))
+        }
+
+
+class PluginManager(HookRegistry):
+    """The active plugins and hooks of one runner: installed plugins selected by the config
+    (entry points loaded, guarded), ad-hoc hooks named, all validated at construction."""
 
     def __init__(
         self,
@@ -49,14 +144,11 @@ class PluginManager:
         *,
         where: str = "plugins",
     ) -> None:
-        self.pm = pluggy.PluginManager("hookrun")
-        self.pm.add_hookspecs(hookspecs)
         self.where = where
         self.installed: dict[str, EntryPointInfo]
         self.installed, self.clashes = scan(PLUGIN_GROUP)
         self.load_errors: dict[str, str] = {}
         self.notices: list[str] = []
-        self.stats = HookStats()
         chosen = self._select(dict(plugins or {}))
         priorities = {name: int(plugin.priority) for name, plugin in chosen}
         selected: list[tuple[str, object]] = list(chosen)
@@ -69,28 +161,7 @@ class PluginManager:
                 priorities[name] = parse_priority(getattr(obj, "priority", Priority.NORMAL), where)
             except ValueError as exc:
                 errors.append(str(exc))
-        errors += [line for name, obj in selected for line in check_hookimpls(self.pm, name, obj)]
-        if errors:
-            raise PluginError(errors)
-        ordered = sorted(selected, key=lambda item: priorities[item[0]])
-        for name, obj in reversed(ordered):  # pluggy calls the last registered first
-            self.pm.register(obj, name=name)
-        self.ordered: list[tuple[str, object]] = ordered
-        self.plugins: dict[str, object] = dict(ordered)
-        self.priorities: dict[str, int] = priorities  # parsed: a name such as "HIGH" as its int
-        self.rank = {name: (priorities[name], i) for i, (name, _) in enumerate(ordered)}
-        self.unused: dict[str, Collection[str]] = {}  # plugin name -> hook points left idle
-        self.hooks = Hooks({name: self._caller(name) for name in hook_points()})
-
-    def drop_unused(self, runner: object) -> None:
-        """Stop calling the hook points each plugin's ``unused_hooks(runner)`` names (a call
-        costs about a microsecond: a few percent of a small model's step)."""
-        for name, obj in self.ordered:
-            ask = getattr(obj, "unused_hooks", None)
-            if callable(ask):
-                self.unused[name] = set(ask(runner))
-        for hook in {hook for hooks in self.unused.values() for hook in hooks}:
-            setattr(self.hooks, hook, self._caller(hook))
+        super().__init__(selected, priorities, errors)
 
     def _select(self, config: dict[str, Any]) -> list[tuple[str, Plugin]]:
         errors: list[str] = []
@@ -193,56 +264,28 @@ class PluginManager:
             name, n = f"{base}#{n}", n + 1
         return name
 
-    def _caller(self, hook: str) -> HookCaller:
-        """Order one hook point by priority, then tryfirst/trylast, then registration."""
-        pluggy_caller = getattr(self.pm.hook, hook)
-        rank = self.rank
 
-        def key(impl: pluggy.HookImpl) -> tuple[int, int, int]:
-            priority, index = rank[impl.plugin_name]
-            return priority, 0 if impl.tryfirst else 2 if impl.trylast else 1, index
-
-        found = sorted(
-            (
-                i
-                for i in pluggy_caller.get_hookimpls()
-                if hook not in self.unused.get(i.plugin_name, ())
-            ),
-            key=key,
-        )
-        # arguments with a default (pluggy's kwargnames) are passed too, as pluggy does
-        bound = [(i, Impl.of(i.function, i.argnames + i.kwargnames, i.plugin_name)) for i in found]
-        spec = pluggy_caller.spec
-        return HookCaller(
-            hook,
-            self.stats,
-            [impl for i, impl in bound if not i.wrapper],
-            [impl for i, impl in bound if i.wrapper],
-            firstresult=bool(spec and spec.opts.get("firstresult")),
-            guarded=hook == ON_EXCEPTION,
-        )
-
-    def table(self) -> list[tuple[str, list[str]]]:
-        """Each hook point with the plugins serving it, in call order (wrappers first,
-        outermost first)."""
-        rows = []
-        for hook in hook_points():
-            caller: HookCaller = getattr(self.hooks, hook)
-            rows.append((hook, [impl.owner for impl in (*caller.wrappers, *caller.impls)]))
-        return rows
-
-    def stateful(self) -> dict[str, object]:
-        """Active plugins and hooks that keep state in checkpoints."""
-        return {
-            name: obj
-            for name, obj in self.ordered
-            if callable(getattr(obj, "state_dict", None))
-            and callable(getattr(obj, "load_state_dict", None))
-        }
+def register(pm: pluggy.PluginManager, name: str, obj: object) -> list[str]:
+    """Register ``obj`` with pluggy under ``name``; its problems as lines, hookrun's checks
+    first (:func:`check_hookimpls`), then what pluggy's own validation refuses (a wrapper
+    that is not a generator, ...), worded as one line."""
+    errors = check_hookimpls(pm, name, obj)
+    if not errors:
+        try:
+            pm.register(obj, name=name)
+        except pluggy.PluginValidationError as exc:
+            lines = str(exc).splitlines()[1:]  # the first names the plugin, as owner does
+            errors.append(f"{type(obj).__name__} ({name!r}): {'; '.join(lines)}")
+    return errors
 
 
 def check_hookimpls(pm: pluggy.PluginManager, name: str, obj: object) -> list[str]:
-    """Errors for methods that would silently never run or fail when called."""
+    """What pluggy does not check, or checks only one at a time and over several lines: a
+    method named like a hook point without ``@hookimpl`` (never runs), an ``@hookimpl``
+    naming no hook point (pluggy's ``check_pending``, without did-you-mean), an old-style
+    ``hookwrapper`` (hookrun's dispatch has wrappers only), and arguments a hook point does
+    not pass, defaulted ones included (hookrun passes them; pluggy neither passes nor checks
+    them)."""
     points = set(hook_points())
     errors = []
     owner = f"{type(obj).__name__} ({name!r})"
@@ -263,12 +306,6 @@ def check_hookimpls(pm: pluggy.PluginManager, name: str, obj: object) -> list[st
             errors.append(
                 f"{owner}: method {attr!r} at hook point {point!r} is an old-style "
                 "hookwrapper=True, which hookrun does not support: use wrapper=True"
-            )
-            continue
-        if opts.get("wrapper") and not inspect.isgeneratorfunction(method):
-            errors.append(
-                f"{owner}: method {attr!r} at hook point {point!r} is marked wrapper=True "
-                "but is not a generator (it must yield once)"
             )
             continue
         if point not in points:

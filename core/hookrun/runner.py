@@ -21,9 +21,9 @@ from hookrun import state as run_state
 from hookrun.arguments import check_arguments, device_feature_errors, resolve_device
 from hookrun.clock import IterationClock
 from hookrun.data import make_loader, seed_all
-from hookrun.dispatch import HookStats
 from hookrun.errors import CheckpointError, ConfigError
 from hookrun.fsdp import shard_model
+from hookrun.hook_stats import HookStats
 from hookrun.lifecycle import DEFAULT_STOP_SIGNALS, StopSignals
 from hookrun.loop import DEFAULT_MAX_EPOCHS, LoopPosition, ValidationSchedule
 from hookrun.loops import TrainLoop, evaluate

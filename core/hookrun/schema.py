@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from hookrun.config_model import Config
 from hookrun.discovery import installed_plugins
 from hookrun.plugin import Priority, parse_priority
 
@@ -18,8 +19,6 @@ from hookrun.plugin import Priority, parse_priority
 def schema() -> dict[str, Any]:
     """JSON Schema of the config file with every installed plugin's settings (plugins that
     fail to import are left out)."""
-    from hookrun.config import Config  # config re-exports this module's functions
-
     fields: dict[str, Any] = {}
     for name, info in installed_plugins().items():
         try:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from hookrun.clock import IterationClock
-    from hookrun.dispatch import HookStats
+    from hookrun.hook_stats import HookStats
     from hookrun.loop import LoopPosition, ValidationSchedule
     from hookrun.scalars import ScalarStore
     from hookrun.writers import Writer

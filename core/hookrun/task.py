@@ -14,13 +14,10 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hookrun.discovery import did_you_mean
 from hookrun.errors import ConfigError
-
-if TYPE_CHECKING:
-    from hookrun.config import LoadedConfig
 
 #: What a task callable may return: the Runner's objects (everything else is config).
 TASK_KEYS = (
@@ -276,62 +273,3 @@ def _ast_parameters(args: ast.arguments, skip_first: bool) -> Parameters | None:
     required = [a.arg for a in positional if a.arg not in with_default]
     required += [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is None]
     return Parameters(tuple(names), tuple(required), args.kwarg is not None)
-
-
-# -- building the run's objects -------------------------------------------------------------
-
-
-def build_task(loaded: LoadedConfig, training: bool) -> dict[str, Any]:
-    """Import and call the task (after seeding), check what it returned, and add the
-    optimizer and scheduler the config declares. ``training``: an optimizer is required."""
-    from hookrun.data import seed_all
-    from hookrun.optimizers import (
-        build_optimizer,
-        build_scheduler,
-        run_length,
-        schedule_interval,
-    )
-
-    data = loaded.data
-    task = data["task"]
-    build = load_task(task, loaded.path)
-    params = signature_parameters(build)
-    if params is not None:
-        errors = argument_errors(task, params, data["task_args"])
-        if errors:
-            raise ConfigError(errors)
-    seed_all(loaded.runner["seed"])  # before the task builds (and initialises) the model
-    declared = {key: data.get(key) for key in ("optimizer", "scheduler")}
-    objects = check_task_result(build(**data["task_args"]), task, declared, training)
-    if declared["optimizer"] is not None:
-        objects["optimizer"] = build_optimizer(objects["model"], declared["optimizer"])
-    if declared["scheduler"] is not None and (training or objects.get("train_dataloader")):
-        if objects.get("optimizer") is None:
-            raise ConfigError("scheduler: there is no optimizer to schedule")
-        runner = loaded.runner
-        interval = schedule_interval(declared["scheduler"], runner)
-        length = run_length(
-            _batches(objects.get("train_dataloader"), task),
-            runner["max_epochs"],
-            runner["max_iters"],
-            runner["grad_accum"],
-        )
-        objects["scheduler"] = build_scheduler(
-            objects["optimizer"], declared["scheduler"], length, interval
-        )
-    return objects
-
-
-def _batches(loader: Any, task: str) -> int:
-    """Batches per epoch of the train loader (per rank under torchrun)."""
-    import os
-
-    try:
-        count = len(loader)
-    except TypeError:
-        raise ConfigError(
-            f"scheduler: `auto` needs the length of task {task}'s train_dataloader, which "
-            "has none; give the scheduler's lengths as numbers"
-        ) from None
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    return max(1, -(-count // world))
