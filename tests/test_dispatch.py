@@ -6,13 +6,13 @@ import importlib
 import sys
 
 import pytest
-from test_plugin_manager import Tagged
 
+from _support import Tagged
 from hookrun import Priority, Runner, hookimpl
 from hookrun.dispatch import HookCaller, HookStats, Impl
 from hookrun.errors import PluginError
 from hookrun.manager import PluginManager
-from hookrun_testutil import toy_runner_kwargs
+from hookrun.testing import toy_runner_kwargs
 
 
 class Wrap:

@@ -7,7 +7,7 @@ import torch
 
 from hookrun import Runner, hookimpl
 from hookrun.dispatch import hook_points
-from hookrun_testutil import toy_data, toy_runner_kwargs
+from hookrun.testing import toy_data, toy_runner_kwargs
 
 RECORDED = [h for h in hook_points() if h != "extra_models"]
 

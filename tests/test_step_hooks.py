@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from hookrun import Runner, hookimpl
-from hookrun_testutil import toy_data, toy_runner_kwargs
+from hookrun.testing import toy_data, toy_runner_kwargs
 
 
 def accumulating_run(tmp_path: Path, hook: object) -> Runner:
