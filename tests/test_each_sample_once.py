@@ -1,4 +1,4 @@
-"""Each sample once under DDP (DESIGN §8, §12): real torchrun jobs over 25 samples in batches
+"""Each sample once under DDP (docs/distributed.md): real torchrun jobs over 25 samples in batches
 of 2, so the ranks' shares are uneven. 2 ranks: rank 0 has 13 samples (7 batches), rank 1 has
 12 (6) and joins each epoch's last iteration without a batch. A 2-rank checkpoint taken 3
 batches into epoch 2 continues on 3 ranks: 13 samples left (5, 4, 4), then 25 (9, 8, 8).
