@@ -3,50 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from _support import DIGITS, clean_env, run, write
 from hookrun.discovery import installed_plugins
 from hookrun.dispatch import hook_points
 from hookrun.testing import run_cli, write_toy_task
-
-ROOT = Path(__file__).resolve().parent.parent
-DIGITS = ROOT / "examples" / "digits" / "config.yaml"
-
-
-def hookrun_script() -> str:
-    """The console script installed next to this interpreter (not a shell shim)."""
-    beside = Path(sys.executable).parent / "hookrun"
-    return str(beside) if beside.exists() else shutil.which("hookrun") or "hookrun"
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKRUN_") and k != "RANK"}
-    env.update(extra)
-    return env
-
-
-def run(*args: object, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [hookrun_script(), *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=clean_env(**env),
-        timeout=600,
-    )
-
-
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text))
-    return path
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_cli import DIGITS, run
 
+from _support import DIGITS, run
 from hookrun import config as cfg
 from hookrun.lr_schedule import compute
 

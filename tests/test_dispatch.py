@@ -6,14 +6,14 @@ import importlib
 import sys
 
 import pytest
-from test_plugin_manager import Tagged
 
+from _support import Tagged
 from hookrun import Priority, Runner, hookimpl
 from hookrun.dispatch import HookCaller, Impl
 from hookrun.errors import PluginError
 from hookrun.hook_stats import HookStats
 from hookrun.manager import PluginManager
-from hookrun_testutil import toy_runner_kwargs
+from hookrun.testing import toy_runner_kwargs
 
 
 class Wrap:

@@ -11,17 +11,16 @@ import sys
 import time
 from pathlib import Path
 
-import dist_job
 import pytest
 import torch
-from dist_job import data, model
-from test_resume import assert_identical
 from torch import nn
 
 from hookrun import Runner
-from hookrun.testing import isolated_env, once_per_session
+from hookrun.testing import assert_same_checkpoint, isolated_env, once_per_session
+from jobs import dist_job
+from jobs.dist_job import data, model
 
-JOB = Path(__file__).with_name("dist_job.py")
+JOB = Path(__file__).parent / "jobs" / "dist_job.py"
 
 
 def torchrun(
@@ -113,7 +112,7 @@ def test_sigterm_on_one_rank_stops_both_at_one_iteration_and_resumes_exactly(
     assert not (stopped / "final.pt").exists()
     proc = torchrun(stopped, "--with-checkpoint", "--resume")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_identical(two_rank_run / "final.pt", stopped / "final.pt")
+    assert_same_checkpoint(two_rank_run / "final.pt", stopped / "final.pt")
 
 
 def test_group_sigterm_with_loader_workers_under_torchrun_saves_and_resumes_exactly(
@@ -132,7 +131,7 @@ def test_group_sigterm_with_loader_workers_under_torchrun_saves_and_resumes_exac
     assert saved.startswith("iter_") and 8 <= int(saved[5:-3]) < 18
     proc = torchrun(stopped, *args, "--resume")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_identical(two_rank_run / "final.pt", stopped / "final.pt")
+    assert_same_checkpoint(two_rank_run / "final.pt", stopped / "final.pt")
 
 
 @pytest.mark.timing
@@ -265,7 +264,7 @@ def test_a_killed_job_resumes_and_a_torchrun_restart_after_a_killed_rank_too(
     ``torchrun --max-restarts=1 ... --resume``, resumes from iter_6.pt, and its rank 1 is
     SIGKILLed at iteration 10 in the first attempt: the second attempt forms a new group,
     resumes from iter_9.pt and ends bit identical to the uninterrupted run.
-    ``python tests/dist_restarts.py`` repeats a restart 5 times and prints how many succeed."""
+    ``python tests/jobs/dist_restarts.py`` repeats a restart 5 times and prints how many succeed."""
     work = tmp_path / "crashed"
     proc = torchrun(work, "--kill-at", "7")
     assert proc.returncode != 0
@@ -275,7 +274,7 @@ def test_a_killed_job_resumes_and_a_torchrun_restart_after_a_killed_rank_too(
     resumed = [line for line in proc.stdout.splitlines() if "resumed from" in line]
     assert len(resumed) == 2, proc.stdout  # rank 0 reports, once per attempt
     assert "iter_6.pt" in resumed[0] and "iter_9.pt" in resumed[1], resumed
-    assert_identical(two_rank_run / "final.pt", work / "final.pt")
+    assert_same_checkpoint(two_rank_run / "final.pt", work / "final.pt")
 
 
 def test_a_two_rank_checkpoint_continues_on_one_and_on_three_ranks(two_rank_run, tmp_path):

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import clean_env, run, write
 
+from _support import clean_env, run, write
 from hookrun.testing import TOY_TASK_SOURCE, layered_venv
 
 ROOT = Path(__file__).resolve().parent.parent

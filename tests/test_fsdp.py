@@ -1,4 +1,4 @@
-"""``strategy: fsdp`` with real processes: torchrun, gloo, two ranks (jobs in fsdp_job.py)."""
+"""``strategy: fsdp`` with real processes: torchrun, gloo, two ranks (jobs in jobs/fsdp_job.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from fsdp_job import BUILT_IN, EMA_ONLY, RUN, Block, build, model
 from torch import nn
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
@@ -23,8 +22,9 @@ from hookrun.fsdp import units_to_shard
 from hookrun.sharded import full_model_state
 from hookrun.state import load
 from hookrun.testing import once_per_session, run_job, toy_data
+from jobs.fsdp_job import BUILT_IN, EMA_ONLY, RUN, Block, build, model
 
-JOB = Path(__file__).with_name("fsdp_job.py")
+JOB = Path(__file__).parent / "jobs" / "fsdp_job.py"
 
 
 def torchrun(*args: str | Path, expect: int = 0, ranks: int = 2):

@@ -1,4 +1,4 @@
-"""The call order of DESIGN §3, recorded from a real run."""
+"""The call order of docs/hooks.md, recorded from a real run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from hookrun import Runner, hookimpl
 from hookrun.dispatch import hook_points
-from hookrun_testutil import toy_data, toy_runner_kwargs
+from hookrun.testing import toy_data, toy_runner_kwargs
 
 RECORDED = [h for h in hook_points() if h != "extra_models"]
 
@@ -44,7 +44,7 @@ STEP = ["before_backward", "after_backward", "before_optimizer_step", "after_opt
 
 
 def expected_epoch_run(epochs: int, batches: int, val_batches: int) -> list[str]:
-    """DESIGN §3's order with grad_accum=1 and log_interval above the epoch length: the
+    """docs/hooks.md's order with grad_accum=1 and log_interval above the epoch length: the
     step's four hook points every iteration, a report at each epoch's last iteration."""
     seq = ["before_run", "before_train"]
     for _ in range(epochs):
@@ -111,7 +111,7 @@ def test_stop_training_ends_after_current_iteration(tmp_path):
 def test_stop_at_an_epoch_end_still_validates_that_epoch_when_due(
     tmp_path, val_interval, validated
 ):
-    """DESIGN §3: an epoch stopped at its end (in ``after_train_epoch``) is validated when its
+    """docs/hooks.md: an epoch stopped at its end (in ``after_train_epoch``) is validated when its
     validation was due, as Lightning and MMEngine do; then training ends."""
 
     class StopAfterSecondEpoch:

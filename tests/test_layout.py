@@ -5,6 +5,8 @@ imported), and name no module, so they hold whatever the layout inside ``core/ho
 from __future__ import annotations
 
 import ast
+import contextlib
+import textwrap
 from collections import deque
 from pathlib import Path
 
@@ -205,3 +207,61 @@ def test_plugins_and_writers_use_only_hookrun_all():
     assert not problems, "plugins and writers use hookrun names outside hookrun.__all__:\n" + (
         "\n".join(problems)
     )
+
+
+def imported_names(source: str) -> set[str]:
+    """The top-level module names ``source`` imports, in code or in a script it holds as a
+    string (a job written out and run as a process)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.partition(".")[0])
+        elif isinstance(node, ast.Constant) and "import" in str(node.value):
+            with contextlib.suppress(SyntaxError, ValueError, TypeError):  # prose, not a script
+                names |= imported_names(textwrap.dedent(node.value))
+    return names
+
+
+def runs_as_script(source: str) -> bool:
+    """Whether ``source`` ends in ``if __name__ == "__main__":`` (a job, not a test module)."""
+    body = ast.parse(source).body
+    return any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in body)
+
+
+def house_problems(root: Path) -> list[str]:
+    """What breaks the tests' house under ``root``: a file that imports a test module, a script
+    run as a process beside test modules (its place: ``jobs/``), and a helper module beside the
+    core tests (its place: ``tests/_support/``, or ``hookrun.testing``)."""
+    folders = [root / "tests", *sorted(root.glob("plugins/*/tests"))]
+    folders += sorted(root.glob("writers/*/tests"))
+    test_modules = {path.stem for folder in folders for path in folder.rglob("test_*.py")}
+    problems = []
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            where, source = path.relative_to(root), path.read_text(encoding="utf-8")
+            for name in sorted(imported_names(source) & test_modules):
+                problems.append(f"{where} imports the test module {name}")
+            if path.parent == folder and runs_as_script(source):
+                problems.append(f"{where} is a script beside the test modules")
+            elif path.parent == root / "tests" and not is_test_file(path):
+                problems.append(f"{where} is a helper beside the test modules")
+    return problems
+
+
+def test_no_test_module_imports_another_and_jobs_and_helpers_live_apart(tmp_path: Path) -> None:
+    script = "if __name__ == '__main__':\n    pass\n"
+    write(tmp_path / "tests" / "test_a.py", "from test_b import x\n")
+    write(tmp_path / "tests" / "helper.py", "")
+    write(tmp_path / "tests" / "jobs" / "job.py", script)
+    write(tmp_path / "tests" / "_support" / "__init__.py", "import torch\n")
+    write(tmp_path / "plugins" / "p" / "tests" / "test_b.py", "S = '''\nimport test_a\n'''\n")
+    write(tmp_path / "plugins" / "p" / "tests" / "p_job.py", script)
+    assert house_problems(tmp_path) == [
+        "tests/helper.py is a helper beside the test modules",
+        "tests/test_a.py imports the test module test_b",
+        "plugins/p/tests/p_job.py is a script beside the test modules",
+        "plugins/p/tests/test_b.py imports the test module test_a",
+    ]
+    assert house_problems(ROOT) == []

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from _support import Tagged
 from hookrun import Plugin, PluginSettings, Priority, Runner, hookimpl
 from hookrun.errors import PluginError
 from hookrun.manager import PluginManager
-from hookrun_testutil import toy_runner_kwargs
+from hookrun.testing import toy_runner_kwargs
 
 PLUGIN_SOURCE = """
 from pydantic import Field
@@ -42,26 +43,6 @@ def install_greeter(make_dist, module="greeter_mod", default=True):
         {"hookrun.plugins": {"greeter": f"{module}:Greeter"}},
     )
     sys.modules.pop(module, None)
-
-
-class Tagged:
-    """Records its tag at before_train and after_train_iter and returns it as its result."""
-
-    def __init__(self, tag, log, priority=None):
-        self.name = tag
-        self.log = log
-        if priority is not None:
-            self.priority = priority
-
-    @hookimpl
-    def before_train(self):
-        self.log.append(self.name)
-        return self.name
-
-    @hookimpl
-    def after_train_iter(self):
-        self.log.append(self.name)
-        return self.name
 
 
 def test_priorities_order_every_hook_point_and_ties_keep_the_given_order(tmp_path):

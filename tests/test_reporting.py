@@ -1,4 +1,4 @@
-"""Training reports owned by the core (DESIGN §6): what a real run leaves in TensorBoard and
+"""Training reports owned by the core: what a real run leaves in TensorBoard and
 the JSONL log with no plugin at all, checked against losses averaged independently from the
 raw per-iteration values."""
 

@@ -20,8 +20,6 @@ from hookrun.testing import (
     toy_runner_kwargs,
 )
 
-assert_identical = assert_same_checkpoint  # the name tests/test_distributed.py imports
-
 # The resume task: 40 samples / batch 6 = 7 iterations per epoch, 3 epochs, iter_<n>.pt every
 # 2 iterations and epoch_<n>.pt at each epoch end.
 

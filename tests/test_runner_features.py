@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hookrun import Runner, hookimpl
 from hookrun.errors import ConfigError
-from hookrun_testutil import toy_data, toy_runner_kwargs
+from hookrun.testing import toy_data, toy_runner_kwargs
 
 
 def fixed_data(n=16, batch_size=4):

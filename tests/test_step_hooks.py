@@ -1,4 +1,4 @@
-"""The four step hook points under gradient accumulation (DESIGN §3): where they fire within
+"""The four step hook points under gradient accumulation (docs/hooks.md): where they fire within
 an epoch, and what a ``before_optimizer_step`` returning ``False`` leaves behind."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from hookrun import Runner, hookimpl
-from hookrun_testutil import toy_data, toy_runner_kwargs
+from hookrun.testing import toy_data, toy_runner_kwargs
 
 
 def accumulating_run(tmp_path: Path, hook: object) -> Runner:
@@ -60,7 +60,7 @@ class Recorder:
 
 def test_steps_close_every_second_batch_and_each_epoch(tmp_path: Path) -> None:
     """Batches 1 and 3 close a group of two, batch 4 (the epoch's last) a group of one:
-    3 steps per epoch; backward hooks fire every batch, all in DESIGN §3's order."""
+    3 steps per epoch; backward hooks fire every batch, all in docs/hooks.md's order."""
     rec = Recorder()
     accumulating_run(tmp_path, rec).train()
     expected = []

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hookrun import Runner, hookimpl
-from hookrun_testutil import toy_data
+from hookrun.testing import toy_data
 
 SYNC_METHODS = ["item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"]
 

@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from hookrun import Runner, Writer, hookimpl
 from hookrun.errors import ConfigError
-from hookrun_testutil import toy_runner_kwargs
+from hookrun.testing import toy_runner_kwargs
 
 
 class EveryTwo:

@@ -54,7 +54,7 @@ class LoopPosition:
 
     ``iter_ending`` is true from the end of an optimizer step through its
     ``after_train_iter`` hooks, ``epoch_ending`` through ``after_train_epoch``: the runner's
-    counters advance after the ``after_*`` hooks (DESIGN §3). ``stepping`` is true from the
+    counters advance after the ``after_*`` hooks (docs/hooks.md). ``stepping`` is true from the
     optimizer step until the position counts it: the weights and the position disagree then,
     so no checkpoint may be taken. None of the three is saved.
 

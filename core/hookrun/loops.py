@@ -86,7 +86,7 @@ class TrainLoop:
 
     def epoch_validation_due(self) -> bool:
         """After a whole epoch of an epoch-based run; also when a hook stopped training at
-        the epoch's end (DESIGN §3), not when it stopped mid-epoch."""
+        the epoch's end (docs/hooks.md), not when it stopped mid-epoch."""
         runner, pos = self.runner, self.runner.position
         if not runner.by_epoch or pos.phase is not Phase.TRAINED:
             return False

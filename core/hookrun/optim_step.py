@@ -1,5 +1,5 @@
 """One training step's backward and optimizer update: AMP scaling, accumulation, DDP's
-``no_sync``, clipping, and the four hook points around them (DESIGN §3).
+``no_sync``, clipping, and the four hook points around them (docs/hooks.md).
 
 Kept apart from the loop the way MMEngine splits ``OptimWrapper`` from its loops: the loop
 decides *when* (the position's ``closes_group``), this object *how*, and counts each step

@@ -101,7 +101,7 @@ class RunnerProtocol(Protocol):
         """Whether the finishing epoch is the run's last."""
 
     stop_training: bool
-    """Set it to end training after the current iteration (DESIGN §3)."""
+    """Set it to end training after the current iteration (docs/hooks.md)."""
 
     # -- what is trained -------------------------------------------------------------------
 

@@ -48,7 +48,6 @@ from hookrun import (
     better,
     dist,
     hookimpl,
-    metric_rule,
     remove_checkpoint,
     resolve_rule,
 )
@@ -528,6 +527,3 @@ class Checkpoint(Plugin[CheckpointSettings]):
             except ValueError as exc:
                 raise ConfigError(f"plugins.checkpoint.rule: {exc}") from None
         return rules
-
-
-guess_rule = metric_rule  # this module's name for the rule before it moved into hookrun

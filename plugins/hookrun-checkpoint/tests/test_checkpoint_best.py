@@ -170,12 +170,12 @@ def test_resumed_from_best_file_is_never_written(make_runner: Callable) -> None:
     assert (out / "best_accuracy.iter_20.pt").is_file()  # it was this run's resume point
 
 
-BEST_JOB = Path(__file__).with_name("best_job.py")
+BEST_JOB = Path(__file__).parent / "jobs" / "best_job.py"
 
 
 def best_job(work_dir: Path, expect: int, **options: Any) -> subprocess.CompletedProcess[str]:
     """``best_job.py`` in a process of its own; its exit code must be ``expect``."""
-    env = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0"}
+    env = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0", "PYTHONPATH": str(BEST_JOB.parent.parent)}
     command = [sys.executable, str(BEST_JOB), str(work_dir), json.dumps(options)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == expect, done.stderr

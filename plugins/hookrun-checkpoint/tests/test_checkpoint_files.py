@@ -302,9 +302,9 @@ def test_invalid_settings_name_the_field(make_runner: Callable, settings: dict, 
 
 
 def test_rule_auto_reads_names() -> None:
-    from hookrun_checkpoint import guess_rule
+    from hookrun import metric_rule
 
-    assert [guess_rule(n) for n in ("val_loss", "top1_error", "accuracy", "mIoU", "foo")] == [
+    assert [metric_rule(n) for n in ("val_loss", "top1_error", "accuracy", "mIoU", "foo")] == [
         "less",
         "less",
         "greater",

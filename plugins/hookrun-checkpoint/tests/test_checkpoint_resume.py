@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-JOB = Path(__file__).with_name("checkpoint_job.py")
+JOB = Path(__file__).parent / "jobs" / "checkpoint_job.py"
 ENV = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0"}
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_early_stopping import scripted_runner
+from early_stopping_testing import scripted_runner
 
 from hookrun.testing import check_kill_and_resume
 

@@ -85,7 +85,7 @@ class EMA(Plugin[EMASettings]):
         super().__init__(settings)
         self.shadow: Shadow | None = None
         self.updates = 0  # averaging updates done: the t of the warm-up formula
-        self.steps: int | None = 0  # optimizer steps seen; None: unknown (an older checkpoint)
+        self.steps = 0  # optimizer steps seen
         self._pending: dict[str, Any] | None = None  # state loaded before the model was seen
         self._swaps = 0  # nesting depth of this plugin's swap-ins
 
@@ -94,13 +94,11 @@ class EMA(Plugin[EMASettings]):
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
         self._shadow_of(runner.unwrapped_model)
-        if self.steps is None:  # a state without the count: the position's
-            self.steps = runner.position.optimizer_steps
 
     @hookimpl
     def after_optimizer_step(self, runner: RunnerProtocol) -> None:
         shadow, settings = self.shadow, self.settings
-        assert shadow is not None and self.steps is not None
+        assert shadow is not None
         self.steps += 1
         if runner.iter < settings.start_iter:
             shadow.stale = True  # copied from the weights when next looked at
@@ -247,8 +245,7 @@ class EMA(Plugin[EMASettings]):
             return
         self.shadow.load(state)
         self.updates = int(state["updates"])
-        steps = state.get("steps")
-        self.steps = None if steps is None else int(steps)
+        self.steps = int(state["steps"])
 
     def _shadow_of(self, model: nn.Module) -> Shadow:
         """The average, built from ``model`` on first use (and filled from a loaded state)."""

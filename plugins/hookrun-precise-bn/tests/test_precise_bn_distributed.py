@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 from hookrun_precise_bn import bn_layers, model_forward, recompute_bn_stats
-from torch import nn
+from precise_bn_testing import deep_net, large_mean_data, rank_batches
 
 from hookrun.testing import run_ranks
 
@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent(
     from torch.utils.data import DataLoader, TensorDataset
     from hookrun import Runner
     from hookrun_precise_bn import bn_layers, model_forward, recompute_bn_stats
-    from test_precise_bn_distributed import deep_net, large_mean_data, rank_batches
+    from precise_bn_testing import deep_net, large_mean_data, rank_batches
 
     rank, out = int(os.environ["RANK"]), sys.argv[1]
     x = large_mean_data(200, seed=0)
@@ -42,24 +42,6 @@ SCRIPT = textwrap.dedent(
                os.path.join(out, f"rank{rank}.pt"))
     """
 )
-
-
-def large_mean_data(n: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (1000 + 0.1 * torch.randn(n, 4, generator=g, dtype=torch.float64)).float()
-
-
-def deep_net() -> nn.Module:
-    torch.manual_seed(1)
-    return nn.Sequential(
-        nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 5), nn.BatchNorm1d(5)
-    )
-
-
-def rank_batches(rank: int) -> list:
-    sizes = [(50, 50, 3), (40, 40, 7, 2)][rank]
-    x = large_mean_data(sum(sizes), seed=10 + rank)
-    return [(b, None) for b in torch.split(x, sizes)]
 
 
 def test_two_gloo_ranks_equal_one_process_over_the_union(tmp_path) -> None:

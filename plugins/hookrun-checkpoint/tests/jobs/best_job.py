@@ -1,7 +1,7 @@
 """A run of the scripted model (validation reports ``accuracy = scores[epoch - 1]``, 4
 iterations per epoch) keeping ``best_accuracy.pt``, for the failed-best tests.
 
-Usage: python best_job.py WORK_DIR OPTIONS_JSON
+Usage: PYTHONPATH=tests python tests/jobs/best_job.py WORK_DIR OPTIONS_JSON  (checkpoint_testing)
 OPTIONS: scores, max_epochs, async_save, resume (bool: ``resume="auto"``), refuse_at (a user
 hook raises in ``before_save_checkpoint`` for the best save of that epoch's validation).
 """

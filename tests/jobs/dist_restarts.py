@@ -3,7 +3,7 @@ rank 1 SIGKILLed at iteration 7 of the first attempt, repeated; prints how many 
 bit-identical to an uninterrupted run. The suite runs one try
 (``test_a_killed_job_resumes_and_a_torchrun_restart_after_a_killed_rank_too``).
 
-Usage: python tests/dist_restarts.py [TRIES]   (default 5; about 40 s a try on 2 cores)
+Usage: python tests/jobs/dist_restarts.py [TRIES]   (default 5; about 40 s a try on 2 cores)
 """
 
 from __future__ import annotations
