@@ -14,10 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # (plugin, check) pairs that fail today, with the reason. Strict: an entry whose check starts
 # passing fails the suite, so it is removed as soon as its plugin is fixed.
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    (name, "no_internal_imports"): "issue 31: hookrun.dist is not public yet"
-    for name in ("checkpoint", "early_stopping", "ema", "nan_guard", "precise_bn")
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def built_in(name: str) -> bool:
@@ -52,14 +49,23 @@ def test_plugin_conformance(name: str, check: str, tmp_path: Path) -> None:
     ("source", "found"),
     [
         ("from hookrun import Plugin, hookimpl, __version__\nfrom hookrun import *\n", []),
-        ("from hookrun import Runner, dist\n", [(1, "hookrun.dist")]),
-        ("from hookrun import (\n    Plugin,\n    dist as d,\n)\n", [(3, "hookrun.dist")]),
-        ("import hookrun.dist\n", [(1, "hookrun.dist")]),
-        ("import hookrun.dist as d\n", [(1, "hookrun.dist")]),
+        ("from hookrun import all_reduce_sum, barrier, rank_zero_only\n", []),
+        ("from hookrun.process_group import init_from_env\n", [(1, "hookrun.process_group")]),
+        ("from hookrun.collectives import barrier\n", [(1, "hookrun.collectives")]),
+        ("from hookrun import Runner, process_group\n", [(1, "hookrun.process_group")]),
+        (
+            "from hookrun import (\n    Plugin,\n    process_group as pg,\n)\n",
+            [(3, "hookrun.process_group")],
+        ),
+        ("import hookrun.process_group\n", [(1, "hookrun.process_group")]),
+        ("import hookrun.process_group as pg\n", [(1, "hookrun.process_group")]),
         ("from hookrun.errors import ConfigError\n", [(1, "hookrun.errors")]),
         ("from hookrun.writers import Writer\n", [(1, "hookrun.writers")]),
         ("def f():\n    from hookrun import checkpoint\n", [(2, "hookrun.checkpoint")]),
-        ("import hookrun\n\nhookrun.Plugin\nhookrun.dist.barrier()\n", [(4, "hookrun.dist")]),
+        (
+            "import hookrun\n\nhookrun.barrier()\nhookrun.collectives.barrier()\n",
+            [(4, "hookrun.collectives")],
+        ),
         ("import hookrun as hr\n\nhr.runner.Runner\n", [(3, "hookrun.runner")]),
         ("from hookrun.testing import toy_model\n", [(1, "hookrun.testing")]),
         ("from . import dist\nimport hookrunner.dist\nfrom hookrun_ema import x\n", []),
@@ -75,8 +81,8 @@ def test_internal_imports_allows_hookrun_testing_in_tests_only() -> None:
     source = "import hookrun.testing\nfrom hookrun.testing.task import toy_model\n"
     assert internal_imports(source, test_file=True) == []
     assert internal_imports(source) == [(1, "hookrun.testing"), (2, "hookrun.testing.task")]
-    assert internal_imports("from hookrun import testing, dist\n", test_file=True) == [
-        (1, "hookrun.dist")
+    assert internal_imports("from hookrun import testing, process_group\n", test_file=True) == [
+        (1, "hookrun.process_group")
     ]
     files = [
         "tests/test_x.py",

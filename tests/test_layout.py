@@ -193,7 +193,6 @@ def public_api_users() -> list[Path]:
     return [f for top in tops for f in (sorted(top.rglob("*.py")) if top.is_dir() else [top])]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31: hookrun.dist is not public yet")
 def test_plugins_and_writers_use_only_hookrun_all():
     files = public_api_users()
     assert files, "no plugin or writer package found"

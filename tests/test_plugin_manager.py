@@ -242,17 +242,16 @@ def test_plugin_state_round_trips_through_checkpoints(tmp_path):
     assert second.count == first.count == 3
 
 
-def test_one_of_hookruns_own_plugins_not_installed_names_its_folder(monkeypatch, capsys):
-    """The package index does not have hookrun's own plugins yet: the line says where they
-    are instead of a `pip install hookrun-ema` that would fail."""
+def test_a_plugin_with_a_folder_in_the_clone_not_installed_names_its_folder(monkeypatch, capsys):
+    """Run from a clone, a plugin not installed whose ``plugins/hookrun-<name>`` folder is
+    beside the core gets that folder as its hint (the package index does not have hookrun's
+    own plugins yet); any other name gets the ``pip install hookrun-<name>`` convention. The
+    core keeps no list of its plugins: the clone's folders are the list."""
     from hookrun import discovery
     from hookrun.testing import run_cli
 
     root = Path(__file__).resolve().parent.parent
-    folders = (root / "plugins").glob("hookrun-*")
-    assert sorted(discovery.OWN_PLUGINS) == sorted(
-        p.name.removeprefix("hookrun-").replace("-", "_") for p in folders
-    )
+    assert (root / "plugins" / "hookrun-ema" / "pyproject.toml").is_file()
     real = discovery.installed
     monkeypatch.setattr(
         discovery, "installed", lambda group: {k: v for k, v in real(group).items() if k != "ema"}
@@ -263,7 +262,42 @@ def test_one_of_hookruns_own_plugins_not_installed_names_its_folder(monkeypatch,
         "plugins show: plugin 'ema' is not installed; pip install ./plugins/hookrun-ema "
         "from a clone of hookrun (not on the package index yet)"
     )
-    assert (root / "plugins" / "hookrun-ema" / "pyproject.toml").is_file()
+    code, out, err = run_cli(capsys, "plugins", "show", "grad_stats")
+    assert (code, out) == (2, "")
+    assert err.strip() == (
+        "plugins show: unknown plugin 'grad_stats'; if it is a package, "
+        "`pip install hookrun-grad-stats`"
+    )
+    assert not (root / "plugins" / "hookrun-grad-stats").exists()
+
+
+def test_install_hints_follow_the_clone_folders_not_a_list(monkeypatch, tmp_path):
+    """A plugins/ or writers/ folder added to (or missing from) the clone changes the hints:
+    the names come from the folders beside the core, so a hookrun installed without a clone
+    gives the generic hint for every name."""
+    import importlib.util
+
+    from hookrun import discovery
+
+    clone = tmp_path / "clone"
+    (clone / "core" / "hookrun").mkdir(parents=True)
+    (clone / "core" / "hookrun" / "__init__.py").write_text("")
+    (clone / "plugins" / "hookrun-grad-stats").mkdir(parents=True)
+    (clone / "plugins" / "hookrun-grad-stats" / "pyproject.toml").write_text("")
+    (clone / "plugins" / "hookrun-notes").mkdir()  # no pyproject.toml: not a distribution
+    spec = importlib.util.spec_from_file_location("hookrun", clone / "core/hookrun/__init__.py")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    assert discovery.clone_folders("plugins") == {
+        "grad_stats": clone / "plugins" / "hookrun-grad-stats"
+    }
+    assert discovery.unknown_plugin_message("grad_stats", "plugins.grad_stats", []) == (
+        "plugins.grad_stats: plugin 'grad_stats' is not installed; pip install "
+        "./plugins/hookrun-grad-stats from a clone of hookrun (not on the package index yet)"
+    )
+    assert discovery.unknown_plugin_message("ema", "plugins.ema", []) == (
+        "plugins.ema: unknown plugin 'ema'; if it is a package, `pip install hookrun-ema`"
+    )
+    assert discovery.clone_folders("writers") == {}
 
 
 def test_disabling_one_of_hookruns_own_plugins_that_is_not_installed_is_accepted(

@@ -22,7 +22,16 @@ _EXPORTS = {
     "checkpoint_signature": "hookrun.writers",
     "CHECKPOINT_CHOICES": "hookrun.writers",
     "ScalarStore": "hookrun.scalars",
-    "rank_zero_only": "hookrun.dist",
+    "is_distributed": "hookrun.collectives",
+    "get_rank": "hookrun.collectives",
+    "get_world_size": "hookrun.collectives",
+    "barrier": "hookrun.collectives",
+    "any_rank": "hookrun.collectives",
+    "all_reduce_sum": "hookrun.collectives",
+    "all_reduce_max": "hookrun.collectives",
+    "broadcast_from_rank_0": "hookrun.collectives",
+    "all_gather_object": "hookrun.collectives",
+    "rank_zero_only": "hookrun.collectives",
     "HookrunError": "hookrun.errors",
     "ConfigError": "hookrun.errors",
     "PluginError": "hookrun.errors",
@@ -53,12 +62,21 @@ if TYPE_CHECKING:
     from hookrun.checkpoint import atomic_write_text as atomic_write_text
     from hookrun.checkpoint import checkpoint_state_file as checkpoint_state_file
     from hookrun.checkpoint import remove_checkpoint as remove_checkpoint
+    from hookrun.collectives import all_gather_object as all_gather_object
+    from hookrun.collectives import all_reduce_max as all_reduce_max
+    from hookrun.collectives import all_reduce_sum as all_reduce_sum
+    from hookrun.collectives import any_rank as any_rank
+    from hookrun.collectives import barrier as barrier
+    from hookrun.collectives import broadcast_from_rank_0 as broadcast_from_rank_0
+    from hookrun.collectives import get_rank as get_rank
+    from hookrun.collectives import get_world_size as get_world_size
+    from hookrun.collectives import is_distributed as is_distributed
+    from hookrun.collectives import rank_zero_only as rank_zero_only
     from hookrun.data import loader_options as loader_options
     from hookrun.data import mix_seed as mix_seed
     from hookrun.direction import better as better
     from hookrun.direction import metric_rule as metric_rule
     from hookrun.direction import resolve_rule as resolve_rule
-    from hookrun.dist import rank_zero_only as rank_zero_only
     from hookrun.errors import CheckpointError as CheckpointError
     from hookrun.errors import CheckpointMismatchError as CheckpointMismatchError
     from hookrun.errors import ConfigError as ConfigError

@@ -128,7 +128,7 @@ def train(
     ever overwritten; one whose run never completed an iteration is started over. With
     --resume auto, a run that is already finished is left as it is.
     """
-    from hookrun import dist, launch, workdir
+    from hookrun import collectives, launch, process_group, workdir
 
     named = {"--resume": resume} if resume not in (None, "auto") else {}
     loaded = launch.load_everywhere(config, overrides, work_dir, named)
@@ -148,9 +148,9 @@ def train(
             return
         from hookrun.state import check_start
 
-        with dist.errors_agreed():  # every check that can refuse, before anything is written
+        with process_group.errors_agreed():  # every check that can refuse, before any write
             check_start(runner, resume)
-        dist.barrier()  # every rank checked the work dir before rank 0 writes into it
+        collectives.barrier()  # every rank checked the work dir before rank 0 writes into it
         if runner.is_main:
             workdir.clear_finished(out)
             launch.save_resolved_config(loaded)

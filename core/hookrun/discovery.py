@@ -6,26 +6,15 @@ Kept free of torch, pydantic and pluggy so that ``hookrun plugins list`` starts 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 PLUGIN_GROUP = "hookrun.plugins"
 WRITER_GROUP = "hookrun.writers"
-# the plugins hookrun's repository ships (plugins/hookrun-<name>); a message suggesting one's
-# install says where it is while the package index does not have them
-OWN_PLUGINS = (
-    "checkpoint",
-    "early_stopping",
-    "ema",
-    "logger",
-    "memory",
-    "nan_guard",
-    "precise_bn",
-    "profiler",
-    "timer",
-)
 
 
 @dataclass(frozen=True)
@@ -135,9 +124,24 @@ def install_from_clone(folder: str, name: str) -> str:
     )
 
 
+def clone_folders(folder: str) -> dict[str, Path]:
+    """Name to folder of the distributions in ``plugins/`` or ``writers/`` beside the core,
+    when hookrun runs from a clone of its repository (empty otherwise): the folder layout is
+    how the core knows its own plugins and writers, with no list of their names to keep."""
+    spec = importlib.util.find_spec("hookrun")
+    if spec is None or spec.origin is None:
+        return {}
+    root = Path(spec.origin).resolve().parents[2]  # <clone>/core/hookrun/__init__.py
+    return {
+        path.name.removeprefix("hookrun-").replace("-", "_"): path
+        for path in sorted((root / folder).glob("hookrun-*"))
+        if (path / "pyproject.toml").is_file()
+    }
+
+
 def unknown_plugin_message(name: str, where: str, known: Iterable[object]) -> str:
     """The one-line error for a plugin name nobody installed."""
-    if name in OWN_PLUGINS:
+    if name in clone_folders("plugins"):
         return f"{where}: plugin {name!r} is not installed; {install_from_clone('plugins', name)}"
     hint = did_you_mean(name, known)
     dist = distribution_name(name)

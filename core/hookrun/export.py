@@ -1,9 +1,10 @@
 """``hookrun export CHECKPOINT OUT.pt``: one consolidated weights file from any checkpoint.
 
-The file holds the plain state dict of the model (or, with ``ema``, the EMA plugin's
-average), every tensor whole, loadable with ``torch.load(OUT, weights_only=True)`` into the
-model as it is built without hookrun: what a checkpoint file holds as ``model``, or what
-the shards of a sharded folder add up to (read in this one process, no torchrun needed).
+The file holds the plain state dict of the model (or, with ``ema``, the weights the EMA
+plugin's :meth:`~hookrun.Plugin.export_weights` finds in its state), every tensor whole,
+loadable with ``torch.load(OUT, weights_only=True)`` into the model as it is built without
+hookrun: what a checkpoint file holds as ``model``, or what the shards of a sharded folder
+add up to (read in this one process, no torchrun needed).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from hookrun import checkpoint as ckpt_io
 from hookrun.config import place_errors
+from hookrun.discovery import installed_plugins, unknown_plugin_message
 from hookrun.errors import CheckpointMismatchError, HookrunError
 
 
@@ -51,9 +53,20 @@ def _weights(checkpoint: Path, ema: bool) -> dict[str, torch.Tensor]:
         state = ckpt_io.load(checkpoint)
         if not ema:
             return dict(state["model"])
-    average: Any = state.get("plugins", {}).get("ema") or {}
-    if not isinstance(average, dict) or not isinstance(average.get("model"), dict):
+    return _plugin_weights(checkpoint, state, "ema")
+
+
+def _plugin_weights(checkpoint: Path, state: dict[str, Any], name: str) -> dict[str, Any]:
+    """The weights plugin ``name`` exports from its state in ``state`` (its
+    :meth:`~hookrun.Plugin.export_weights`), or one error line when there are none."""
+    plugin_state = state.get("plugins", {}).get(name)
+    found = installed_plugins().get(name)
+    if found is None:
+        raise HookrunError(unknown_plugin_message(name, f"--{name}", installed_plugins()))
+    weights = found.entry_point.load().export_weights(plugin_state) if plugin_state else None
+    if not isinstance(weights, dict):
         raise HookrunError(
-            f"--ema: checkpoint {checkpoint} holds no EMA weights (the ema plugin was not on)"
+            f"--{name}: checkpoint {checkpoint} holds no {name.upper()} weights "
+            f"(the {name} plugin was not on)"
         )
-    return dict(average["model"])
+    return dict(weights)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookrun import dist
+from hookrun import collectives
 from hookrun.arguments import FsdpSettings
 from hookrun.errors import ConfigError
 
@@ -42,7 +42,7 @@ def shard_model(
     settings = settings or FsdpSettings.model_validate({})
     units = units_to_shard(model, settings)
     names = {id(p): name for name, p in model.named_parameters()}
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = init_device_mesh(device.type, (collectives.get_world_size(),))
     policy = (
         MixedPrecisionPolicy(
             param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32
@@ -143,7 +143,7 @@ def lockstep(batches: Iterable[Any], count: int) -> Iterator[tuple[Any, bool]]:
     """``(batch, counted)``: every rank runs as many forwards as the rank with the most
     batches (each forward gathers parameters with every peer), repeating its last batch
     uncounted. A rank with no batch at all cannot join in: that is a config error."""
-    most, least = dist.all_reduce_max(torch.tensor([count, -count])).tolist()
+    most, least = collectives.all_reduce_max(torch.tensor([count, -count])).tolist()
     fewest = -least
     if fewest == 0 and most > 0:
         raise ConfigError(

@@ -42,11 +42,11 @@ def load_everywhere(
             raise
         error = exc
     if env_world_size() > 1:
-        from hookrun import dist
+        from hookrun import process_group
 
         timeout = loaded.runner["dist_timeout"] if loaded is not None else DEFAULT_DIST_TIMEOUT
-        dist.init_from_env(timeout)
-        with dist.errors_agreed():
+        process_group.init_from_env(timeout)
+        with process_group.errors_agreed():
             if error is not None:
                 raise error
     assert loaded is not None
@@ -76,7 +76,7 @@ def build_runner(loaded: LoadedConfig, training: bool = True) -> Any:
     """Seed, build the task's objects (:func:`hookrun.build.build_task`), construct the Runner
     (which joins the launch's process group unless :func:`load_everywhere` did)."""
     from hookrun.build import build_task
-    from hookrun.dist import errors_agreed
+    from hookrun.process_group import errors_agreed
     from hookrun.runner import Runner
 
     with errors_agreed():  # a task that fails on one rank ends every rank

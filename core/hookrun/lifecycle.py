@@ -74,9 +74,9 @@ class StopSignals:
             return False
         self.distributed = world_size > 1
         if self.distributed:
-            from hookrun import dist
+            from hookrun import process_group
 
-            self.peers = dist.node_peers()
+            self.peers = process_group.node_peers()
         for number in self.numbers:
             self.previous[number] = signal.signal(number, self._note)
         return True
@@ -96,7 +96,7 @@ class StopSignals:
         """End the process by ``signum`` when the stop cannot be acted on at an iteration
         boundary: ``timeout_s`` passed without an iteration done, or (under
         torch.distributed) a rank of this node ended before the ranks agreed."""
-        from hookrun import dist
+        from hookrun import process_group
 
         since = time.monotonic()
         while not stand_down.wait(WATCH_INTERVAL_S):
@@ -105,7 +105,7 @@ class StopSignals:
                 last, since = now, time.monotonic()
             elif time.monotonic() - since >= self.timeout_s:
                 self._end(signum, stand_down, f"no iteration ended in {self.timeout_s:g} s")
-            gone = dist.ended(self.peers)
+            gone = process_group.ended(self.peers)
             if gone:
                 self._end(signum, stand_down, f"rank {gone[0]} has ended")
 

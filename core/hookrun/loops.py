@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.distributed.algorithms.join import Join
 
-from hookrun import dist, fsdp
+from hookrun import fsdp, process_group
 from hookrun.errors import ConfigError
 from hookrun.loop import LoopPosition, Phase, group_done, group_ends
 from hookrun.optim_step import TailJoin
@@ -165,7 +165,7 @@ class TrainLoop:
             runner.scheduler.step()
         if complete or self.iters_done():
             pos.phase = Phase.TRAINED
-        dist.broadcast_buffers(runner.unwrapped_model)
+        process_group.broadcast_buffers(runner.unwrapped_model)
         pos.epoch_ending = True
         self.hooks.after_train_epoch(runner=runner)
         pos.epoch_ending = False
@@ -321,7 +321,7 @@ def evaluate_or_stop(
         if points is not None:
             getattr(points, f"before_{mode}")(runner=runner)
             getattr(points, f"before_{mode}_epoch")(runner=runner)
-        dist.broadcast_buffers(model)  # the weights evaluated, an EMA's swapped in too
+        process_group.broadcast_buffers(model)  # the weights evaluated, an EMA's swapped in too
         metrics = _pass(runner, loader, mode, points, stoppable=stoppable)
         if metrics is not None and done is not None:
             done()

@@ -16,12 +16,12 @@ from pydantic import ValidationError
 from hookrun import hookspecs
 from hookrun.arguments import MAX_INT
 from hookrun.discovery import (
-    OWN_PLUGINS,
     PLUGIN_GROUP,
     EntryPointInfo,
     autoload_enabled,
     blocked_plugins,
     clash_message,
+    clone_folders,
     did_you_mean,
     scan,
     unknown_plugin_message,
@@ -167,7 +167,7 @@ class PluginManager(HookRegistry):
         errors: list[str] = []
         for name, value in config.items():
             if name not in self.installed:
-                if value is False and name in OWN_PLUGINS:
+                if value is False and name in clone_folders("plugins"):
                     continue  # one config for environments with and without it: nothing to do
                 errors.append(unknown_plugin_message(name, f"{self.where}.{name}", self.installed))
             elif not (value is None or isinstance(value, (bool, Mapping))):

@@ -82,6 +82,15 @@ class Plugin(Generic[SettingsT]):
         complete but not yet training)."""
         return ()
 
+    @classmethod
+    def export_weights(cls, state: dict[str, Any]) -> dict[str, Any] | None:
+        """The model weights this plugin's checkpoint ``state`` (what its ``state_dict()``
+        returned, every tensor whole) holds, as the model's own state dict, for ``hookrun
+        export --ema`` and the like; ``None`` (the default) when it holds none. A class
+        method: exporting trains nothing and builds no plugin, and the core need not know
+        how the plugin lays out its state."""
+        return None
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} priority={self.priority}>"
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from torch import nn
 
 from hookrun import checkpoint as ckpt_io
-from hookrun import dist, workdir
+from hookrun import collectives, process_group, workdir
 from hookrun import state as run_state
 from hookrun.arguments import check_arguments, device_feature_errors, resolve_device
 from hookrun.clock import IterationClock
@@ -117,11 +117,11 @@ class Runner:
         )
         self.seed = seed
         seed_all(seed)
-        self.rank, self.world_size, local_rank = dist.init_from_env(dist_timeout)
+        self.rank, self.world_size, local_rank = process_group.init_from_env(dist_timeout)
         self.stop_signals = StopSignals(args.stop_signals)
         self.dist_timeout = dist_timeout
         self.strategy = "fsdp" if strategy == "fsdp" else "ddp" if self.world_size > 1 else "none"
-        with dist.errors_agreed():  # a mistake found on one rank ends every rank
+        with process_group.errors_agreed():  # a mistake found on one rank ends every rank
             check_convention(model, criterion)
             if strategy == "fsdp" and self.world_size == 1:
                 raise ConfigError(
@@ -333,7 +333,7 @@ class Runner:
         lock = workdir.hold(self.work_dir, self.is_main, "use another work_dir", self.info)
         try:
             with lock:
-                with dist.errors_agreed():
+                with process_group.errors_agreed():
                     leftovers = run_state.check_start(self, resume)
                 line = workdir.start_over(self.work_dir, leftovers) if self.is_main else None
                 if line:
@@ -401,7 +401,7 @@ class Runner:
                 ckpt_io.write(state, path)
             except CheckpointError as exc:
                 error = exc
-        if dist.any_rank(error is not None) and error is None:  # every rank waits, all fail
+        if collectives.any_rank(error is not None) and error is None:  # every rank waits, all fail
             error = CheckpointError(f"rank 0 could not write checkpoint {path}")
         if error is not None:
             raise error

@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from hookrun import checkpoint as ckpt_io
-from hookrun import dist
+from hookrun import collectives
 from hookrun.errors import CheckpointError, CheckpointMismatchError
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def plugin_states(runner: Runner, checkpoint: dict[str, Any]) -> dict[str, Any]:
         (p.device_mesh for p in runner.unwrapped_model.parameters() if hasattr(p, "device_mesh")),
         None,
     )
-    return _fill_plugins(checkpoint, checkpoint["sharded"], mesh, not dist.is_distributed())
+    return _fill_plugins(checkpoint, checkpoint["sharded"], mesh, not collectives.is_distributed())
 
 
 def _fill_plugins(checkpoint: dict[str, Any], path: Path, mesh: Any, alone: bool) -> dict[str, Any]:
@@ -157,13 +157,13 @@ def write(state: dict[str, Any], path: Path) -> Path:
         raise CheckpointError(f"cannot save {path}: {problem}")
     partial = path.parent / f".{path.name}.partial"
     error: BaseException | None = None
-    if dist.get_rank() == 0:
+    if collectives.get_rank() == 0:
         try:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
         except OSError as exc:
             error = exc
-    if not dist.any_rank(error is not None):
+    if not collectives.any_rank(error is not None):
         try:
             dcp.save(
                 tensors,
@@ -172,7 +172,7 @@ def write(state: dict[str, Any], path: Path) -> Path:
             )
         except Exception as exc:  # DCP gathers the ranks' failures on every rank
             error = exc
-    if error is None and dist.get_rank() == 0:
+    if error is None and collectives.get_rank() == 0:
         try:
             ckpt_io.atomic_save(rest, partial / STATE_FILE)
             if not (partial / METADATA_FILE).is_file():
@@ -180,7 +180,7 @@ def write(state: dict[str, Any], path: Path) -> Path:
             _swap(partial, path)
         except (OSError, CheckpointError) as exc:
             error = exc
-    if dist.any_rank(error is not None):
+    if collectives.any_rank(error is not None):
         reason = getattr(error, "strerror", None) or error or "another rank failed"
         raise CheckpointError(f"cannot write checkpoint {path}: {reason}") from error
     return path
@@ -243,7 +243,7 @@ def restore_tensors(runner: Runner, checkpoint: dict[str, Any], resume: bool) ->
             name: {k: v for k, v in entry.items() if isinstance(v, torch.Tensor)}
             for name, entry in template["state"].items()
         }
-    _read(wanted, checkpoint["sharded"], alone=not dist.is_distributed())
+    _read(wanted, checkpoint["sharded"], alone=not collectives.is_distributed())
     set_model_state_dict(model, wanted["model"])
     if optimizer is not None and "optimizer" in wanted:
         saved = checkpoint["optimizer"]

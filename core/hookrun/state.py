@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookrun import checkpoint as ckpt_io
-from hookrun import dist, workdir
+from hookrun import collectives, process_group, workdir
 from hookrun.errors import CheckpointError, CheckpointMismatchError, ConfigError
 from hookrun.loop import LoopPosition, Phase
 from hookrun.lr_schedule import continue_schedule
@@ -34,7 +34,7 @@ def collect(runner: Runner, save_optimizer: bool = True) -> dict[str, Any]:
             "may have changed before the position counts the step, so the two would disagree"
         )
     rng = ckpt_io.rng_state()
-    ranks = dist.all_gather_object(rng) if runner.world_size > 1 else None
+    ranks = collectives.all_gather_object(rng) if runner.world_size > 1 else None
     state: dict[str, Any] = {
         "format": ckpt_io.FORMAT,
         "meta": {
@@ -244,7 +244,7 @@ def resume(runner: Runner, resume: str | Path) -> None:
     """Continue from ``resume``: a path, or "auto" (see :func:`resume_auto`). Under
     torch.distributed a checkpoint refused on any rank stops every rank, and the ranks
     check that they all continue from the same checkpoint."""
-    with dist.errors_agreed():
+    with process_group.errors_agreed():
         if str(resume) == "auto":
             resume_auto(runner)
         else:
@@ -254,7 +254,7 @@ def resume(runner: Runner, resume: str | Path) -> None:
             runner.info(f"resumed from {path} at iteration {runner.iter}")
     if runner.world_size > 1:
         name = runner.resumed_from.name if runner.resumed_from is not None else None
-        problem = disagreement(dist.all_gather_object((name, runner.position.iter)))
+        problem = disagreement(collectives.all_gather_object((name, runner.position.iter)))
         if problem:
             raise CheckpointMismatchError(problem, reason=problem)
 

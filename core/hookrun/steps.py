@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookrun.dist import all_reduce_sum
+from hookrun.collectives import all_reduce_sum
 from hookrun.errors import ConfigError
 
 

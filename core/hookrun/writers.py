@@ -24,6 +24,7 @@ from hookrun.discovery import (
     WRITER_GROUP,
     clash_message,
     clashes,
+    clone_folders,
     did_you_mean,
     install_from_clone,
     installed,
@@ -33,9 +34,6 @@ from hookrun.workdir import check_no_links, open_for_writing
 
 #: How a run ended, handed to :meth:`Writer.finish`: trackers close their run with it.
 RUN_STATUSES = ("finished", "failed", "killed")
-
-#: Writer names served by hookrun's tracker distributions (for the install hint).
-TRACKER_WRITERS = ("mlflow", "wandb", "dvclive", "neptune")
 
 
 class Writer:
@@ -247,13 +245,14 @@ def _resolve(spec: Any) -> tuple[list[tuple[Any, dict[str, Any]]], list[str]]:
         if cls is None:
             available = available or installed(WRITER_GROUP)
             if name not in available:
-                if name in TRACKER_WRITERS:
+                own = clone_folders("writers")
+                if name in own:
                     errors.append(
                         f"{where}.{name}: writer {name!r} is not installed; "
                         + install_from_clone("writers", name)
                     )
                 else:
-                    known = {*BUILTIN_WRITERS, *available, *TRACKER_WRITERS}
+                    known = {*BUILTIN_WRITERS, *available, *own}
                     errors.append(f"{where}.{name}: unknown writer{did_you_mean(name, known)}")
                 continue
             clashing = clashes(WRITER_GROUP).get(name)

@@ -56,6 +56,7 @@ from hookrun.testing.isolation import (
 from hookrun.testing.states import (
     assert_same_checkpoint,
     assert_states_equal,
+    load_checkpoint,
     tensors,
 )
 from hookrun.testing.task import (
@@ -69,6 +70,7 @@ from hookrun.testing.task import (
     toy_runner_kwargs,
     two_loss_model,
     write_toy_task,
+    writer_errors,
 )
 
 __all__ = [
@@ -94,6 +96,8 @@ __all__ = [
     "tensors",
     "assert_states_equal",
     "assert_same_checkpoint",
+    "load_checkpoint",
+    "writer_errors",
     "NoisyData",
     "resume_task_kwargs",
     "KillAt",

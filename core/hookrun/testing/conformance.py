@@ -112,9 +112,10 @@ def is_test_file(path: str | Path) -> bool:
 
 def internal_imports(source: str, *, test_file: bool = False) -> list[tuple[int, str]]:
     """``(line, hookrun.name)`` for each use in a Python source of a hookrun name outside
-    ``hookrun.__all__``: a submodule (``import hookrun.dist``, ``from hookrun.dist import x``),
-    ``from hookrun import name`` or ``hookrun.name`` after ``import hookrun``. ``hookrun.__all__``
-    is the whole of a plugin's API; a test file may also use ``hookrun.testing``."""
+    ``hookrun.__all__``: a submodule (``import hookrun.process_group``, ``from hookrun.errors
+    import x``), ``from hookrun import name`` or ``hookrun.name`` after ``import hookrun``.
+    ``hookrun.__all__`` is the whole of a plugin's API; a test file may also use
+    ``hookrun.testing``."""
     import hookrun
 
     public = set(hookrun.__all__) | ({"testing"} if test_file else set())

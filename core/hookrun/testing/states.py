@@ -55,6 +55,14 @@ def assert_states_equal(left: Any, right: Any, path: str = "state") -> None:
         assert left == right, f"{path}: {left!r} != {right!r}"
 
 
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint file's contents, read on the CPU the way hookrun reads every checkpoint
+    (``weights_only``; one-line errors): what a test asserts about a file on disk."""
+    from hookrun.checkpoint import load
+
+    return load(path)
+
+
 def assert_same_checkpoint(
     a: str | Path, b: str | Path, min_tensors: int = 10, plugins: Iterable[str] = ()
 ) -> None:

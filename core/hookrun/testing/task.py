@@ -222,3 +222,11 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str
     out, err = capsys.readouterr()
     code = exited.value.code
     return (code if isinstance(code, int) else 0 if code is None else 1), out, err
+
+
+def writer_errors(spec: Any) -> list[str]:
+    """Every problem ``hookrun config validate`` reports for a ``runner.writers`` spec, one
+    line each: a writer's tests assert its option checks through here."""
+    from hookrun.writers import writer_errors as errors
+
+    return errors(spec)

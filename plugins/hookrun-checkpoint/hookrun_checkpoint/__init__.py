@@ -44,9 +44,10 @@ from hookrun import (
     PluginSettings,
     Priority,
     RunnerProtocol,
+    all_gather_object,
     atomic_write_text,
+    barrier,
     better,
-    dist,
     hookimpl,
     remove_checkpoint,
     resolve_rule,
@@ -246,7 +247,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
             s = self.settings
             view = survey(self.out_dir, self.kept, self.best, self.top, s.save_best, s.rule)
         if runner.world_size > 1:
-            view = dist.all_gather_object(view)[0]
+            view = all_gather_object(view)[0]
         assert view is not None
         self.kept, self.best, self.top, notices = view
         for line in notices:
@@ -419,7 +420,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         if background and runner.is_main:
             self.undo = (previous, previous_saved)
         if not background:
-            dist.barrier()
+            barrier()
 
     def _save_now(
         self,

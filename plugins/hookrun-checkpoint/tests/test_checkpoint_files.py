@@ -17,7 +17,7 @@ import torch
 from hookrun_checkpoint import HostCopy
 
 from hookrun import CheckpointError, ConfigError, PluginError, hookimpl
-from hookrun import checkpoint as ckpt_io
+from hookrun.testing import load_checkpoint
 
 
 def tensors(obj: Any, prefix: str = "") -> Any:
@@ -92,7 +92,7 @@ def test_truncated_newest_checkpoint_is_skipped_by_name(make_runner: Callable) -
     console = runner.console.file.getvalue()
     assert f"skipping checkpoint {newest}: cannot be loaded" in console
     assert runner.resumed_from == out / "iter_6.pt"
-    assert ckpt_io.load(newest)["meta"]["iter"] == 8  # written again, whole
+    assert load_checkpoint(newest)["meta"]["iter"] == 8  # written again, whole
     assert (out / "latest").read_text() == "iter_8.pt\n"
 
 
@@ -127,8 +127,8 @@ def test_failed_write_stops_with_one_line_and_keeps_older_files(
     monkeypatch.undo()
     assert files(out) == {"epoch_1.pt", "epoch_2.pt", "latest"}  # no temp file, no emergency
     assert (out / "latest").read_text() == "epoch_2.pt\n"
-    assert ckpt_io.load(out / "epoch_2.pt")["meta"]["epoch"] == 2
-    assert ckpt_io.load(out / "epoch_1.pt")["meta"]["epoch"] == 1
+    assert load_checkpoint(out / "epoch_2.pt")["meta"]["epoch"] == 2
+    assert load_checkpoint(out / "epoch_1.pt")["meta"]["epoch"] == 1
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -148,7 +148,7 @@ def test_read_only_folder_stops_training_and_keeps_older_files(make_runner: Call
     finally:
         out.chmod(0o755)
     assert files(out) == {"epoch_1.pt", "latest"}
-    assert ckpt_io.load(out / "epoch_1.pt")["meta"]["epoch"] == 1
+    assert load_checkpoint(out / "epoch_1.pt")["meta"]["epoch"] == 1
 
 
 def without_time(obj: Any) -> Any:
@@ -224,7 +224,7 @@ def test_emergency_checkpoint_on_exception(make_runner: Callable, enabled: bool)
         return
     assert files(out) == {"epoch_1.pt", "emergency_iter_5.pt", "latest"}
     assert (out / "latest").read_text() == "emergency_iter_5.pt\n"
-    emergency = ckpt_io.load(out / "emergency_iter_5.pt")
+    emergency = load_checkpoint(out / "emergency_iter_5.pt")
     assert emergency["meta"]["iter"] == 5 and emergency["loop"]["batch"] == 1
 
 
@@ -261,7 +261,7 @@ def test_sigterm_handler_is_for_the_run_only_and_the_signal_is_passed_on(
     assert runner.iter == 6
     out = runner.checkpoint_dir
     assert files(out) == {"epoch_1.pt", "iter_6.pt", "latest"}
-    assert ckpt_io.load(out / "iter_6.pt")["loop"] == {
+    assert load_checkpoint(out / "iter_6.pt")["loop"] == {
         "epoch": 1,
         "batch": 2,
         "phase": "train",

@@ -21,8 +21,8 @@ from hookrun import (
     PluginSettings,
     Priority,
     RunnerProtocol,
+    all_gather_object,
     better,
-    dist,
     hookimpl,
     resolve_rule,
 )
@@ -135,7 +135,7 @@ class EarlyStopping(Plugin[EarlyStoppingSettings]):
                 f"plugins.early_stopping.monitor: validation reports no metric {monitor!r} "
                 f"(it reports: {', '.join(metrics) or 'nothing'})"
             )
-        value = float(dist.all_gather_object(float(metrics[monitor]))[0])  # rank 0's value
+        value = float(all_gather_object(float(metrics[monitor]))[0])  # rank 0's value
         reason = self._update(value)
         if reason is None:
             return

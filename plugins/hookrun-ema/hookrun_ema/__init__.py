@@ -223,6 +223,13 @@ class EMA(Plugin[EMASettings]):
         if self.shadow is not None and self.shadow in swap_stack(self.shadow.model):
             checkpoint["model"].update(self.shadow.raw_state())
 
+    @classmethod
+    def export_weights(cls, state: dict[str, Any]) -> dict[str, Any] | None:
+        """The average in a checkpoint's EMA state: its ``model`` entry (see
+        :meth:`state_dict`), what ``hookrun export --ema`` writes."""
+        model = state.get("model")
+        return dict(model) if isinstance(model, dict) else None
+
     def state_dict(self) -> dict[str, Any]:
         """``model``: the average as the model's own state dict (its dtypes, buffers included),
         ready for ``model.load_state_dict``; ``shadow``: the float32 values of the entries

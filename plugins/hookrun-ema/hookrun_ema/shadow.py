@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from hookrun import CheckpointMismatchError, dist, swap_stack
+from hookrun import CheckpointMismatchError, broadcast_from_rank_0, swap_stack
 
 
 def shadow_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -109,7 +109,7 @@ class Shadow:
     def broadcast_buffers(self) -> None:
         """Rank 0's averaged buffers on every rank."""
         for index in self.buffers:
-            dist.broadcast_from_rank_0(self.tensors[index])
+            broadcast_from_rank_0(self.tensors[index])
 
     def refresh(self) -> None:
         """The average set to the trained weights (tracking before ``start_iter``), read

@@ -28,7 +28,15 @@ import torch
 from pydantic import Field
 from torch.distributed.tensor import DTensor
 
-from hookrun import Plugin, PluginSettings, Priority, RunnerProtocol, dist, hookimpl
+from hookrun import (
+    Plugin,
+    PluginSettings,
+    Priority,
+    RunnerProtocol,
+    all_reduce_max,
+    any_rank,
+    hookimpl,
+)
 
 __all__ = ["NanGuard", "NanGuardSettings", "NonFiniteError"]
 
@@ -145,7 +153,7 @@ class NanGuard(Plugin[NanGuardSettings]):
             found = self.found_inf(runner)
             if self.settings.check_every == 1:
                 if runner.strategy == "fsdp":  # each rank checked its own gradient shards
-                    found = dist.all_reduce_max(found)
+                    found = all_reduce_max(found)
                 return self.decide(runner, bool(found))  # the one host read
             if self.pending is None:
                 self.pending, self.pending_since = found, runner.iter
@@ -172,7 +180,7 @@ class NanGuard(Plugin[NanGuardSettings]):
         if self.pending is not None:
             self.read_pending(runner)
         bad = non_finite_names(dict(floating(checkpoint)))
-        if runner.strategy == "fsdp" and dist.any_rank(bool(bad)) and not bad:
+        if runner.strategy == "fsdp" and any_rank(bool(bad)) and not bad:
             bad = ["tensors of another rank's shards"]  # every rank refuses the save
         if bad:
             raise NonFiniteError(
@@ -269,7 +277,7 @@ class NanGuard(Plugin[NanGuardSettings]):
         bad one has reached the weights already, so the run fails."""
         pending, self.pending = self.pending, None
         if pending is not None and runner.strategy == "fsdp":  # every rank's shards' flags
-            pending = dist.all_reduce_max(pending)
+            pending = all_reduce_max(pending)
         count = round(float(pending)) if pending is not None else 0
         if not count:
             self.consecutive = 0

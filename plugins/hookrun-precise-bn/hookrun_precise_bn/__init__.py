@@ -27,8 +27,9 @@ from hookrun import (
     PluginSettings,
     Priority,
     RunnerProtocol,
-    dist,
+    all_reduce_sum,
     hookimpl,
+    is_distributed,
     loader_options,
     mix_seed,
     swap_stack,
@@ -315,11 +316,11 @@ def reduce_moments(stats: list[Stats]) -> list[Stats]:
     M2 + count·(mean − global mean)² sums to the global M2 (Chan's merge, no E[x²] − E[x]²
     cancellation), equal to one process over the union up to float64 rounding.
     """
-    if not stats or not dist.is_distributed():
+    if not stats or not is_distributed():
         return stats
     device = stats[0][1].device
     counts = torch.tensor([c for c, _, _ in stats], dtype=torch.float64, device=device)
-    sums = dist.all_reduce_sum(torch.cat([counts, *(mean * c for c, mean, _ in stats)]))
+    sums = all_reduce_sum(torch.cat([counts, *(mean * c for c, mean, _ in stats)]))
     totals = [int(t) for t in sums[: len(stats)].tolist()]
     sizes = [mean.numel() for _, mean, _ in stats]
     means = [
@@ -329,7 +330,7 @@ def reduce_moments(stats: list[Stats]) -> list[Stats]:
     spread = torch.cat(
         [m2 + c * (mean - g).square() for (c, mean, m2), g in zip(stats, means, strict=True)]
     )
-    m2s = torch.split(dist.all_reduce_sum(spread), sizes)
+    m2s = torch.split(all_reduce_sum(spread), sizes)
     return list(zip(totals, means, m2s, strict=True))
 
 

@@ -7,7 +7,7 @@ import torch
 from hookrun_precise_bn import shuffled_batches, training_batches
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
-from hookrun.errors import ConfigError
+from hookrun import ConfigError
 
 
 def test_rank_shares_are_disjoint_equal_and_cover_the_order() -> None:

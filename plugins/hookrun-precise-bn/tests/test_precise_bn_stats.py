@@ -11,8 +11,7 @@ from hookrun_precise_bn import bn_layers, model_forward, recompute_bn_stats
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hookrun import Runner, hookimpl
-from hookrun.errors import PluginError
+from hookrun import PluginError, Runner, hookimpl
 
 
 def large_mean_data(n: int = 203, features: int = 4, seed: int = 0) -> torch.Tensor:

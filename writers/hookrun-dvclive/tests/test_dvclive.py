@@ -24,8 +24,8 @@ from hookrun.testing import (
     jsonl_series,
     toy_runner_kwargs,
     train_without_network,
+    writer_errors,
 )
-from hookrun.writers import writer_errors
 
 dvclive_utils = pytest.importorskip("dvclive.utils")
 from dvclive.serialize import load_yaml  # noqa: E402

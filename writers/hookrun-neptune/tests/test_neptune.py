@@ -25,8 +25,8 @@ from hookrun.testing import (
     jsonl_series,
     toy_runner_kwargs,
     train_without_network,
+    writer_errors,
 )
-from hookrun.writers import writer_errors
 
 operation = pytest.importorskip("neptune.internal.operation")
 

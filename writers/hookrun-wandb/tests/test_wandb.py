@@ -28,8 +28,8 @@ from hookrun.testing import (
     jsonl_series,
     toy_runner_kwargs,
     train_without_network,
+    writer_errors,
 )
-from hookrun.writers import writer_errors
 
 wandb_pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
 

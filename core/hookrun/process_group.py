@@ -1,26 +1,24 @@
-"""torch.distributed helpers: set up from the launcher's environment, rank checks, reductions,
-errors agreed across ranks."""
+"""The process group, private to hookrun: joined from the launcher's environment, the peers
+on this node watched, errors agreed across ranks. The collectives plugins may use are in
+:mod:`hookrun.collectives`."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import gc
 import os
 import socket
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from hookrun import cluster
+from hookrun.collectives import all_gather_object, broadcast_from_rank_0, get_rank, is_distributed
 from hookrun.errors import HookrunError
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def init_from_env(timeout_s: float = 600.0) -> tuple[int, int, int]:
@@ -76,72 +74,11 @@ def _leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-def is_distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def get_rank() -> int:
-    return dist.get_rank() if is_distributed() else 0
-
-
-def get_world_size() -> int:
-    return dist.get_world_size() if is_distributed() else 1
-
-
-def barrier() -> None:
-    if is_distributed():
-        dist.barrier()
-
-
-def any_rank(flag: bool) -> bool:
-    """Whether ``flag`` is true on any rank; also a barrier (a plain bool outside torchrun)."""
-    if not is_distributed():
-        return flag
-    value = torch.tensor([int(flag)])
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
-
-
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum ``tensor`` over ranks in place (a no-op in a single process)."""
-    if is_distributed():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
-
-
-def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
-    if is_distributed():
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor
-
-
-def broadcast_from_rank_0(tensor: torch.Tensor) -> None:
-    """Give every rank rank 0's ``tensor``, in place (a no-op in a single process). A CPU
-    tensor under nccl travels through the current CUDA device."""
-    if not is_distributed():
-        return
-    if tensor.device.type == "cpu" and dist.get_backend() == "nccl":
-        staged = tensor.cuda()
-        dist.broadcast(staged, src=0)
-        tensor.copy_(staged)
-    else:
-        dist.broadcast(tensor, src=0)
-
-
 def broadcast_buffers(module: torch.nn.Module) -> None:
     """Give every rank rank 0's buffers (BatchNorm statistics drift apart after the last
     forward of DDP, which only broadcasts them at the start of each forward)."""
     for buffer in module.buffers():
         broadcast_from_rank_0(buffer)
-
-
-def all_gather_object(obj: Any) -> list[Any]:
-    """Every rank's ``obj``, in rank order (``[obj]`` in a single process)."""
-    if not is_distributed():
-        return [obj]
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, obj)
-    return gathered
 
 
 def node_peers() -> dict[int, int]:
@@ -181,16 +118,6 @@ def _running(pid: int) -> bool:
     except OSError:
         return True  # no /proc to tell a zombie by
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
-def rank_zero_only(fn: F) -> F:
-    """Run ``fn`` on rank 0 only; other ranks get ``None``."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs) if get_rank() == 0 else None
-
-    return wrapper  # type: ignore[return-value]
 
 
 class PeerFailed(RuntimeError):
