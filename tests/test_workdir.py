@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hookrun import config as cfg
-from hookrun import launch, workdir
+from hookrun import launch, state, workdir
 from hookrun.errors import HookrunError
 from hookrun.testing import isolated_env, run_cli, write_toy_task
 from hookrun.writers import JsonlWriter, TensorBoardWriter
@@ -208,34 +208,38 @@ def _jsonl(work: Path, *records: dict) -> None:
 def test_failed_start_leftovers_judges_logs_event_files_and_checkpoints(tmp_path):
     work = tmp_path / "run"
     ckpts = [work / "checkpoints"]
+
+    def judged():
+        return workdir.failed_start_leftovers(work, state.checkpoint_leftovers(ckpts))
+
     _jsonl(work, {"config": {}})
     (work / "config.yaml").write_text("task: x\n")
     (work / "notes.txt").write_text("mine")
     writer = TensorBoardWriter(work)
     writer.write_config({"a": 1})
     writer.close()
-    found = workdir.failed_start_leftovers(work, ckpts)
+    found = judged()
     assert found is not None
     assert sorted(p.relative_to(work).parts[0] for p in found) == ["log.jsonl", "tensorboard"]
 
     trained = TensorBoardWriter(work)
     trained.write_scalars({"train/loss": 1.0}, 1)
     trained.close()
-    assert workdir.failed_start_leftovers(work, ckpts) is None  # a scalar: it trained
+    assert judged() is None  # a scalar: it trained
     for events in (work / "tensorboard").iterdir():
         events.unlink()
 
     jsonl = JsonlWriter(work)
     jsonl.write_scalars({"train/loss": 1.0}, 1)
     jsonl.close()
-    assert workdir.failed_start_leftovers(work, ckpts) is None  # a logged step
+    assert judged() is None  # a logged step
     (work / "log.jsonl").write_text("{torn\n")
-    assert workdir.failed_start_leftovers(work, ckpts) is None  # cannot be judged
+    assert judged() is None  # cannot be judged
     _jsonl(work, {"config": {}})
 
     (work / "checkpoints").mkdir()
     (work / "checkpoints" / "iter_4.pt").write_bytes(b"not a checkpoint")
-    assert workdir.failed_start_leftovers(work, ckpts) is None
+    assert judged() is None
 
 
 # -- a finished run ------------------------------------------------------------------------
@@ -260,13 +264,13 @@ def test_resume_auto_on_a_finished_run_changes_nothing(toy, tmp_path, capsys):
 
     # what `hookrun train` decides, asked in-process
     runner = launch.build_runner(cfg.load(toy, [], work))
-    assert workdir.finished_position(runner) is not None
+    assert state.finished_position(runner) is not None
     longer = launch.build_runner(cfg.load(toy, ["runner.max_epochs=3"], work))
-    assert workdir.finished_position(longer) is None  # more to train: it resumes
+    assert state.finished_position(longer) is None  # more to train: it resumes
     marker = (work / workdir.FINISHED_NAME).read_text()
     (work / workdir.FINISHED_NAME).unlink()  # as after a stop during the final validation
-    assert workdir.finished_position(runner) is None  # it validates and tests on resume
+    assert state.finished_position(runner) is None  # it validates and tests on resume
     (work / workdir.FINISHED_NAME).write_text(marker)
     (work / "checkpoints" / "latest").unlink()
     (work / "checkpoints" / "epoch_2.pt").unlink()  # the newest left is epoch_1.pt
-    assert workdir.finished_position(runner) is None
+    assert state.finished_position(runner) is None

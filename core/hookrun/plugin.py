@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from enum import IntEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 import pluggy
@@ -81,6 +82,13 @@ class Plugin(Generic[SettingsT]):
         core does not call them. Asked once, when the Runner is constructed (``runner`` is
         complete but not yet training)."""
         return ()
+
+    def checkpoint_dir(self, work_dir: Path) -> Path | None:
+        """The folder this plugin writes the run's checkpoints to, or None (the default: it
+        writes none). The first plugin that names one sets ``runner.checkpoint_dir``, where
+        ``resume="auto"`` looks; a new run refuses a work dir whose checkpoints show it
+        trained. Asked before the run starts (before the task is built), from the settings."""
+        return None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} priority={self.priority}>"
