@@ -431,7 +431,9 @@ class Runner:
         if outer and self.is_main and not self.writers:
             # the states of this Runner's previous pass: a test pass continues the tracker run
             states = getattr(self, "_writer_states", {})
-            self.writers = open_writers(self._writer_classes, self.work_dir, states)
+            self.writers = open_writers(
+                self._writer_classes, self.work_dir, states, self.checkpoint_dir
+            )
             config = {**self.config, "active_plugins": self._plugin_rows()}
             for writer in self.writers:
                 writer.write_config(config)
