@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from hookrun import config as cfg
-from hookrun import hookimpl, launch, workdir
+from hookrun import hookimpl, launch, state, workdir
 from hookrun.errors import HookrunError
 from hookrun.runner import Runner
 from hookrun.testing import isolated_env, run_cli, toy_runner_kwargs
@@ -249,7 +249,7 @@ def test_leftovers_hookrun_cannot_prove_it_wrote_are_left(tmp_path):
     work = tmp_path / "run"
     (work / "checkpoints").mkdir(parents=True)
     (work / "log.jsonl").write_text('{"config": {}}\n')  # no manifest lists it
-    leftovers = workdir.check_unused(work, [work / "checkpoints"])
+    leftovers = state.check_unused(work, [work / "checkpoints"])
     assert leftovers == [work / "log.jsonl"]
     line = workdir.start_over(work, leftovers)
     assert line is not None and "left log.jsonl: not recorded as written by hookrun" in line

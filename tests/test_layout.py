@@ -264,3 +264,142 @@ def test_no_test_module_imports_another_and_jobs_and_helpers_live_apart(tmp_path
         "plugins/p/tests/test_b.py imports the test module test_a",
     ]
     assert house_problems(ROOT) == []
+
+
+def plugin_facts() -> tuple[set[str], set[str], set[str]]:
+    """The shipped plugins' entry-point names, package names and settings' field names,
+    read from their sources (``name = "..."`` and the fields of ``PluginSettings`` classes)."""
+    names, packages, fields = set(), set(), set()
+    for path in ROOT.glob("plugins/*/hookrun_*/*.py"):
+        packages.add(path.parent.name)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            settings = any("PluginSettings" in ast.unparse(base) for base in node.bases)
+            for item in node.body:
+                if settings and isinstance(item, ast.AnnAssign):
+                    fields.add(ast.unparse(item.target))
+                named = isinstance(item, ast.Assign) and isinstance(item.value, ast.Constant)
+                if named and any(ast.unparse(t) == "name" for t in item.targets):
+                    names.add(str(item.value.value))
+    return names, packages, fields
+
+
+def own_names(tree: ast.AST) -> set[str]:
+    """The names a module defines as its own: functions, classes, parameters, keywords,
+    attributes it assigns and class fields (a local variable is not one)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            found.add(node.name)
+            found.update(ast.unparse(i.target) for i in node.body if isinstance(i, ast.AnnAssign))
+        elif isinstance(node, ast.arg) or isinstance(node, ast.keyword) and node.arg:
+            found.add(node.arg)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            found.add(node.attr)
+    return found
+
+
+def plugin_knowledge(
+    tree: ast.AST, names: set[str], packages: set[str], settings: set[str]
+) -> list[tuple[int, str]]:
+    """Where a module reaches into a plugin: imports or names its package, looks a plugin up
+    by its name as a key (``plugins["checkpoint"]``, ``.get("checkpoint")``, ``"ema" in``),
+    or reads one of ``settings`` (``.settings.out_dir``, ``["out_dir"]``, ``.get("out_dir")``,
+    ``getattr(x, "out_dir")``)."""
+    found = []
+
+    def key(node: ast.AST | None, among: set[str]) -> str | None:
+        constant = isinstance(node, ast.Constant) and isinstance(node.value, str)
+        return node.value if constant and node.value in among else None
+
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Import):
+            found += [(line, a.name) for a in node.names if a.name.split(".")[0] in packages]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in packages:
+            found.append((line, str(node.module)))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.split(".")[0] in packages:
+                found.append((line, repr(node.value)))
+        elif isinstance(node, ast.Attribute) and node.attr in settings:
+            if isinstance(node.value, ast.Attribute) and node.value.attr == "settings":
+                found.append((line, f".settings.{node.attr}"))
+        elif isinstance(node, ast.Subscript):
+            if found_key := key(node.slice, names | settings):
+                found.append((line, f"[{found_key!r}]"))
+        elif isinstance(node, ast.Call) and node.args:
+            method = node.func.attr if isinstance(node.func, ast.Attribute) else None
+            if method in ("get", "pop", "setdefault") and key(node.args[0], names | settings):
+                found.append((line, f".{method}({node.args[0].value!r})"))
+            getter = isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+            if getter and len(node.args) > 1 and key(node.args[1], settings):
+                found.append((line, f"getattr {node.args[1].value!r}"))
+        elif isinstance(node, ast.Compare) and (plugin := key(node.left, names)):
+            membership = any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
+            found += [(line, f"{plugin!r} in")] if membership else []
+    return found
+
+
+def test_plugin_knowledge_finds_each_way_of_reaching_into_a_plugin():
+    source = (
+        "import hookrun_ema\n"
+        "from hookrun_checkpoint.ledger import survey\n"
+        "section = plugins.get('checkpoint')\n"
+        "folder = section['out_dir']\n"
+        "plugin = runner.plugins['checkpoint']\n"
+        "if 'ema' in runner.plugins: folder = plugin.settings.out_dir\n"
+        "d = getattr(plugin.settings, 'out_dir', None)\n"
+        "ok = checkpoint['model'], runner.plugins.get(name), self.out_dir, ['ema', 'out_dir']\n"
+    )
+    names, packages = {"checkpoint", "ema"}, {"hookrun_ema", "hookrun_checkpoint"}
+    found = plugin_knowledge(ast.parse(source), names, packages, {"out_dir"})
+    assert sorted(found) == [
+        (1, "hookrun_ema"),
+        (2, "hookrun_checkpoint.ledger"),
+        (3, ".get('checkpoint')"),
+        (4, "['out_dir']"),
+        (5, "['checkpoint']"),
+        (6, "'ema' in"),
+        (6, ".settings.out_dir"),
+        (7, "getattr 'out_dir'"),
+    ]
+
+
+CORE_MODULES = sorted(HOOKRUN.rglob("*.py"))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(
+            path,
+            id=str(path.relative_to(HOOKRUN)),
+            marks=[
+                pytest.mark.xfail(
+                    strict=True, reason="issue 31: --ema reads the ema plugin's state"
+                )
+            ]
+            if path.name == "export.py"
+            else [],
+        )
+        for path in CORE_MODULES
+    ],
+)
+def test_core_names_no_plugin_its_package_or_settings(path):
+    """The core asks plugins through documented methods (``Plugin.checkpoint_dir``): no core
+    module names a shipped plugin's package, looks a plugin up by its name, or reads a
+    setting only a plugin defines (the checkpoint plugin's ``out_dir``)."""
+    names, packages, fields = plugin_facts()
+    assert "checkpoint" in names and "hookrun_checkpoint" in packages and "out_dir" in fields
+    core = set().union(*(own_names(ast.parse(p.read_text(encoding="utf-8"))) for p in CORE_MODULES))
+    plugin_only = fields - core
+    assert "out_dir" in plugin_only
+    found = plugin_knowledge(
+        ast.parse(path.read_text(encoding="utf-8")), names, packages, plugin_only
+    )
+    assert not found, f"{path.relative_to(ROOT)} reaches into plugins: " + ", ".join(
+        f"line {line}: {what}" for line, what in found
+    )

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from hookrun import config as cfg
-from hookrun import launch, workdir
+from hookrun import launch, state, workdir
 from hookrun.errors import HookrunError
-from hookrun.testing import isolated_env, run_cli, write_toy_task
-from hookrun.writers import JsonlWriter, TensorBoardWriter
+from hookrun.runner import Runner
+from hookrun.testing import isolated_env, run_cli, toy_runner_kwargs, write_toy_task
+from hookrun.writers import JsonlWriter, TensorBoardWriter, Writer
 
 
 @pytest.fixture
@@ -208,34 +209,38 @@ def _jsonl(work: Path, *records: dict) -> None:
 def test_failed_start_leftovers_judges_logs_event_files_and_checkpoints(tmp_path):
     work = tmp_path / "run"
     ckpts = [work / "checkpoints"]
+
+    def judged():
+        return workdir.failed_start_leftovers(work, state.checkpoint_leftovers(ckpts))
+
     _jsonl(work, {"config": {}})
     (work / "config.yaml").write_text("task: x\n")
     (work / "notes.txt").write_text("mine")
     writer = TensorBoardWriter(work)
     writer.write_config({"a": 1})
     writer.close()
-    found = workdir.failed_start_leftovers(work, ckpts)
+    found = judged()
     assert found is not None
     assert sorted(p.relative_to(work).parts[0] for p in found) == ["log.jsonl", "tensorboard"]
 
     trained = TensorBoardWriter(work)
     trained.write_scalars({"train/loss": 1.0}, 1)
     trained.close()
-    assert workdir.failed_start_leftovers(work, ckpts) is None  # a scalar: it trained
+    assert judged() is None  # a scalar: it trained
     for events in (work / "tensorboard").iterdir():
         events.unlink()
 
     jsonl = JsonlWriter(work)
     jsonl.write_scalars({"train/loss": 1.0}, 1)
     jsonl.close()
-    assert workdir.failed_start_leftovers(work, ckpts) is None  # a logged step
+    assert judged() is None  # a logged step
     (work / "log.jsonl").write_text("{torn\n")
-    assert workdir.failed_start_leftovers(work, ckpts) is None  # cannot be judged
+    assert judged() is None  # cannot be judged
     _jsonl(work, {"config": {}})
 
     (work / "checkpoints").mkdir()
     (work / "checkpoints" / "iter_4.pt").write_bytes(b"not a checkpoint")
-    assert workdir.failed_start_leftovers(work, ckpts) is None
+    assert judged() is None
 
 
 # -- a finished run ------------------------------------------------------------------------
@@ -260,13 +265,71 @@ def test_resume_auto_on_a_finished_run_changes_nothing(toy, tmp_path, capsys):
 
     # what `hookrun train` decides, asked in-process
     runner = launch.build_runner(cfg.load(toy, [], work))
-    assert workdir.finished_position(runner) is not None
+    assert state.finished_position(runner) is not None
     longer = launch.build_runner(cfg.load(toy, ["runner.max_epochs=3"], work))
-    assert workdir.finished_position(longer) is None  # more to train: it resumes
+    assert state.finished_position(longer) is None  # more to train: it resumes
     marker = (work / workdir.FINISHED_NAME).read_text()
     (work / workdir.FINISHED_NAME).unlink()  # as after a stop during the final validation
-    assert workdir.finished_position(runner) is None  # it validates and tests on resume
+    assert state.finished_position(runner) is None  # it validates and tests on resume
     (work / workdir.FINISHED_NAME).write_text(marker)
     (work / "checkpoints" / "latest").unlink()
     (work / "checkpoints" / "epoch_2.pt").unlink()  # the newest left is epoch_1.pt
-    assert workdir.finished_position(runner) is None
+    assert state.finished_position(runner) is None
+
+
+# -- where checkpoints are -------------------------------------------------------------------
+
+
+def test_the_folder_the_checkpoint_plugin_declares_is_where_every_check_looks(toy, tmp_path):
+    """``plugins.checkpoint.out_dir`` is the run's checkpoint folder from construction on: the
+    saves go there, a new run is refused over it before its task is built, and
+    ``--resume auto`` finds a finished run, and then a checkpoint, there."""
+    work = tmp_path / "run"
+    here = ("--set", "plugins.checkpoint.out_dir=saved", "--set", "runner.writers=[]")
+    first = hookrun("train", toy, "--work-dir", work, *here)
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in (work / "saved").iterdir()) == [
+        "epoch_1.pt",
+        "epoch_2.pt",
+        "latest",
+    ]
+    assert not (work / "checkpoints").exists()
+    assert not list(work.glob("*.jsonl"))  # the checkpoints are the only sign that it trained
+
+    before = snapshot(work)
+    again = hookrun("train", toy, "--work-dir", work, *here)
+    assert again.returncode == 2
+    assert again.stderr.strip() == (
+        f"work dir {work} already holds a run; continue it with `--resume auto`, "
+        "or start a new one with another `--work-dir` (or delete the folder)"
+    )
+    assert "building task" not in again.stdout  # refused before the task is built
+    assert snapshot(work) == before
+
+    done = hookrun("train", toy, "--work-dir", work, "--resume", "auto", *here)
+    assert done.returncode == 0, done.stderr
+    assert f"run in {work} is already finished (iteration 8 of 8)" in done.stdout
+    assert snapshot(work) == before
+
+    runner = launch.build_runner(cfg.load(toy, ["plugins.checkpoint.out_dir=saved"], work))
+    assert runner.checkpoint_dir == work / "saved"
+    (work / workdir.FINISHED_NAME).unlink()  # as after a stop during the final validation
+    resumed = hookrun("train", toy, "--work-dir", work, "--resume", "auto", *here)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {work / 'saved' / 'epoch_2.pt'} at iteration 8" in resumed.stdout
+
+
+def test_writers_are_given_the_run_s_checkpoint_folder(tmp_path):
+    class Folder(Writer):
+        """Remembers where a tracker would look for the run's checkpoints."""
+
+        def write_scalars(self, scalars, step):
+            self.seen = self.run_checkpoint_dir
+
+    recorder = Folder(tmp_path / "run")
+    assert recorder.run_checkpoint_dir == tmp_path / "run" / "checkpoints"  # alone: the default
+    plugins = {"checkpoint": {"out_dir": str(tmp_path / "elsewhere")}}
+    runner = Runner(**toy_runner_kwargs(tmp_path, plugins=plugins, writers=[recorder]))
+    runner.train()
+    assert recorder.seen == runner.checkpoint_dir == tmp_path / "elsewhere"
+    assert (tmp_path / "elsewhere" / "epoch_2.pt").is_file()

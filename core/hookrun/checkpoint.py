@@ -19,12 +19,12 @@ import zipfile
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
 from hookrun.errors import CheckpointError, CheckpointMismatchError
-from hookrun.workdir import record_created
+from hookrun.workdir import file_kind, open_regular, record_created
 
 FORMAT = "hookrun/1"
 
@@ -173,34 +173,7 @@ def not_regular(path: str | Path) -> str | None:
         mode = os.stat(path).st_mode
     except OSError:
         return None  # the reader names it (not found, no permission)
-    return None if stat.S_ISREG(mode) else _kind_of(mode)
-
-
-def _kind_of(mode: int) -> str:
-    kinds = {
-        stat.S_IFIFO: "a FIFO",
-        stat.S_IFCHR: "a character device",
-        stat.S_IFBLK: "a block device",
-        stat.S_IFSOCK: "a socket",
-        stat.S_IFDIR: "a folder",
-    }
-    return f"not a regular file ({kinds.get(stat.S_IFMT(mode), 'not a file')})"
-
-
-def open_regular(path: str | Path) -> BinaryIO:
-    """``path`` opened to read, refused with an ``OSError`` naming what it is unless it is a
-    regular file. It is opened without blocking and checked on the descriptor, so a file
-    swapped for a FIFO after any earlier check cannot block the reader either."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise OSError(_kind_of(mode))
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    return None if stat.S_ISREG(mode) else file_kind(mode)
 
 
 def load(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:

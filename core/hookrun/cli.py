@@ -129,6 +129,7 @@ def train(
     --resume auto, a run that is already finished is left as it is.
     """
     from hookrun import collectives, launch, process_group, workdir
+    from hookrun import state as run_state
 
     named = {"--resume": resume} if resume not in (None, "auto") else {}
     loaded = launch.load_everywhere(config, overrides, work_dir, named)
@@ -139,17 +140,17 @@ def train(
             launch.check_fresh_work_dir(loaded)
         _notice(f"building task {loaded.data['task']} ...")  # importing torch takes seconds
         runner = launch.build_runner(loaded)
-        finished = workdir.finished_position(runner) if resume == "auto" else None
+        finished = run_state.finished_position(runner) if resume == "auto" else None
         if finished is not None:
             last = runner.max_iters
             beyond = f"of {last}" if finished.iter <= last else f"past the {last} asked for"
             where = f"iteration {finished.iter} {beyond}"
             echo(f"run in {out} is already finished ({where}); nothing to do")
             return
-        from hookrun.state import check_start
-
-        with process_group.errors_agreed():  # every check that can refuse, before any write
-            check_start(runner, resume)
+        with (
+            process_group.errors_agreed()
+        ):  # every check that can refuse, before anything is written
+            run_state.check_start(runner, resume)
         collectives.barrier()  # every rank checked the work dir before rank 0 writes into it
         if runner.is_main:
             workdir.clear_finished(out)
@@ -160,7 +161,7 @@ def train(
         test = runner.test() if runner.test_dataloader is not None else None
         print_summary(runner, loaded, runner.last_metrics.get("val"), test)
         if runner.is_main:
-            workdir.mark_finished(runner)  # what `--resume auto` checks
+            run_state.mark_finished(runner)  # what `--resume auto` checks
 
 
 def _notice(message: str) -> None:
@@ -252,9 +253,8 @@ def _latest(runner: Any) -> Path:
     """The checkpoint ``--resume auto`` would take first: the ``latest`` pointer's file, else
     the newest in the run's checkpoint folder."""
     from hookrun import checkpoint as ckpt_io
-    from hookrun.workdir import checkpoint_dir
 
-    folder = checkpoint_dir(runner)
+    folder = runner.checkpoint_dir
     found = ckpt_io.candidates(folder)
     if not found:
         raise HookrunError(

@@ -54,22 +54,16 @@ def load_everywhere(
 
 
 def check_fresh_work_dir(loaded: LoadedConfig) -> None:
-    """Refuse a work dir that holds a run (:func:`hookrun.workdir.check_unused`, the rule
-    ``Runner.train`` applies too), before the task is built."""
-    from hookrun.workdir import check_unused
+    """Refuse a work dir that holds a run (:func:`hookrun.state.check_unused`, the rule
+    ``Runner.train`` applies too), before the task is built: the plugins the config selects
+    are made from their settings alone to ask where the run's checkpoints go
+    (:func:`hookrun.workdir.checkpoint_dirs`)."""
+    from hookrun.manager import PluginManager
+    from hookrun.state import check_unused
+    from hookrun.workdir import checkpoint_dirs
 
-    check_unused(loaded.work_dir, checkpoint_dirs(loaded))
-
-
-def checkpoint_dirs(loaded: LoadedConfig) -> list[Path]:
-    """Where the run's checkpoints go: ``<work_dir>/checkpoints``, and the checkpoint
-    plugin's ``out_dir`` when the config names one (relative to the work dir)."""
-    out = loaded.work_dir
-    folders = [out / "checkpoints"]
-    section = loaded.data["plugins"].get("checkpoint")
-    if isinstance(section, dict) and section.get("out_dir"):
-        folders.append(out / str(section["out_dir"]))  # an absolute out_dir replaces out
-    return folders
+    plugins = PluginManager(loaded.data["plugins"]).plugins.values()
+    check_unused(loaded.work_dir, checkpoint_dirs(loaded.work_dir, plugins))
 
 
 def build_runner(loaded: LoadedConfig, training: bool = True) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from enum import IntEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 import pluggy
@@ -89,6 +90,13 @@ class Plugin(Generic[SettingsT]):
         export --ema`` and the like; ``None`` (the default) when it holds none. A class
         method: exporting trains nothing and builds no plugin, and the core need not know
         how the plugin lays out its state."""
+        return None
+
+    def checkpoint_dir(self, work_dir: Path) -> Path | None:
+        """The folder this plugin writes the run's checkpoints to, or None (the default: it
+        writes none). The first plugin that names one sets ``runner.checkpoint_dir``, where
+        ``resume="auto"`` looks; a new run refuses a work dir whose checkpoints show it
+        trained. Asked before the run starts (before the task is built), from the settings."""
         return None
 
     def __repr__(self) -> str:

@@ -17,7 +17,7 @@ import torch
 from hookrun.loop import LoopPosition
 
 if TYPE_CHECKING:
-    from hookrun.runner import Runner
+    from hookrun.checkpointable import Checkpointable
 
 PYTHON_STATE_LENGTH = 625  # random.getstate()[1]: 624 words of MT19937 and the position
 NUMPY_KEY_LENGTH = 624
@@ -43,7 +43,7 @@ PARAM_SHAPED = frozenset(
 )
 
 
-def fit_problems(runner: Runner, checkpoint: Mapping[str, Any], resume: bool) -> list[str]:
+def fit_problems(runner: Checkpointable, checkpoint: Mapping[str, Any], resume: bool) -> list[str]:
     """What keeps ``checkpoint`` from being restored into ``runner``: one line per kind of
     problem, each with a count and the first case, e.g. ``model: 14 size mismatches, first:
     features.0.weight [32,1,3,3] (checkpoint) vs [16,1,3,3] (model)``. Empty when it fits.
@@ -67,7 +67,7 @@ def fit_problems(runner: Runner, checkpoint: Mapping[str, Any], resume: bool) ->
     if not isinstance(checkpoint.get("plugins", {}), Mapping):
         problems.append(f"plugins: {_kind(checkpoint['plugins'])}, not a dict")
     problems += _rng_problems(checkpoint, runner.rank, runner.world_size)
-    loader = runner._loaders["train"]
+    loader = runner.train_loader
     per_epoch = len(loader) if loader is not None else None
     problems += _loop_problems(checkpoint, per_epoch, runner.by_epoch, runner.world_size)
     return problems

@@ -36,6 +36,7 @@ from hookrun.steps import check_convention, to_device
 from hookrun.writers import Writer, close_writers, open_writers, resolve_writers, run_status
 
 if TYPE_CHECKING:
+    from hookrun.checkpointable import Checkpointable
     from hookrun.surface import RunnerProtocol
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -155,7 +156,6 @@ class Runner:
         self.by_epoch = max_iters is None
         self.val_interval = val_interval
         self.work_dir = Path(args.work_dir)  # `~` expanded, as in a config file
-        self.checkpoint_dir = self.work_dir / "checkpoints"
         self.amp = amp
         self.scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
         self.grad_accum = grad_accum
@@ -165,6 +165,7 @@ class Runner:
         self.manager = PluginManager(plugins, hooks)
         self.plugins = self.manager.plugins
         self.hooks = self.manager.hooks
+        self.checkpoint_dir = workdir.checkpoint_dirs(self.work_dir, self.plugins.values())[-1]
         for notice in self.manager.notices:
             self.info(notice)
         self.hook_stats: HookStats = self.manager.stats
@@ -205,6 +206,15 @@ class Runner:
         return loaders
 
     # -- counters and helpers ------------------------------------------------------------
+
+    @property
+    def train_loader(self) -> Any:
+        """The train loader as the loops use it (resumable, this rank's share), or None."""
+        return self._loaders["train"]
+
+    def stateful_plugins(self) -> dict[str, Any]:
+        """The active plugins and hooks (by name) whose state checkpoints keep."""
+        return self.manager.stateful()
 
     @property
     def iter(self) -> int:
@@ -422,7 +432,9 @@ class Runner:
         if outer and self.is_main and not self.writers:
             # the states of this Runner's previous pass: a test pass continues the tracker run
             states = getattr(self, "_writer_states", {})
-            self.writers = open_writers(self._writer_classes, self.work_dir, states)
+            self.writers = open_writers(
+                self._writer_classes, self.work_dir, states, self.checkpoint_dir
+            )
             config = {**self.config, "active_plugins": self._plugin_rows()}
             for writer in self.writers:
                 writer.write_config(config)
@@ -471,4 +483,8 @@ if TYPE_CHECKING:
 
     def _offers_the_plugin_surface(runner: Runner) -> RunnerProtocol:
         """mypy checks here that the Runner is everything plugins are promised."""
+        return runner
+
+    def _offers_what_checkpoints_need(runner: Runner) -> Checkpointable:
+        """mypy checks here that the Runner is what the checkpoint code works on."""
         return runner

@@ -46,7 +46,7 @@ from hookrun import collectives
 from hookrun.errors import CheckpointError, CheckpointMismatchError
 
 if TYPE_CHECKING:
-    from hookrun.runner import Runner
+    from hookrun.checkpointable import Checkpointable
 
 STATE_FILE = ckpt_io.SHARDED_STATE_FILE
 METADATA_FILE = ".metadata"
@@ -110,7 +110,7 @@ def _replace_leaves(
     return kept, taken or None
 
 
-def plugin_states(runner: Runner, checkpoint: dict[str, Any]) -> dict[str, Any]:
+def plugin_states(runner: Checkpointable, checkpoint: dict[str, Any]) -> dict[str, Any]:
     """The plugins' states of the folder ``checkpoint["sharded"]`` with every tensor DCP holds
     for them read in: under FSDP as ``DTensor``s sharded on dim 0 over every rank (as
     ``fully_shard`` lays out parameters, resharded when the world size changed), else whole
@@ -224,14 +224,14 @@ def load(path: Path) -> dict[str, Any]:
     return checkpoint
 
 
-def optimizer_state(runner: Runner) -> dict[str, Any]:
+def optimizer_state(runner: Checkpointable) -> dict[str, Any]:
     """The optimizer's state dict keyed by parameter name, its tensors sharded like the
     parameters (DCP reshards them at load)."""
     assert runner.optimizer is not None
     return dict(get_optimizer_state_dict(runner.unwrapped_model, runner.optimizer))
 
 
-def restore_tensors(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
+def restore_tensors(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool) -> None:
     """Read the model's (and with ``resume`` the optimizer's) tensors of the folder
     ``checkpoint["sharded"]`` into ``runner``, resharded to this run's ranks (every rank
     calls this; a run without FSDP reads whole tensors)."""
@@ -255,7 +255,7 @@ def restore_tensors(runner: Runner, checkpoint: dict[str, Any], resume: bool) ->
         set_optimizer_state_dict(model, optimizer, whole)
 
 
-def restore_whole(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
+def restore_whole(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool) -> None:
     """A checkpoint file (whole tensors, the optimizer's entries keyed by position, as DDP
     and one process save them) into the sharded model and optimizer: each rank keeps its
     shards of every tensor."""

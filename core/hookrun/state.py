@@ -1,19 +1,24 @@
 """What a checkpoint holds and how it is put back: the runner's side of checkpoints.
 
-The file format and the I/O live in :mod:`hookrun.checkpoint`.
+The file format and the I/O live in :mod:`hookrun.checkpoint`. Which checkpoint
+``resume="auto"`` continues from is decided once, by :func:`resume_candidates`; the resume,
+the start's checks and the finished-run test all ask it. Everything here works on a
+:class:`~hookrun.checkpointable.Checkpointable`, never on the Runner itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hookrun import checkpoint as ckpt_io
 from hookrun import collectives, process_group, workdir
+from hookrun.checkpointable import Checkpointable
 from hookrun.errors import CheckpointError, CheckpointMismatchError, ConfigError
 from hookrun.loop import LoopPosition, Phase
 from hookrun.lr_schedule import continue_schedule
@@ -21,11 +26,8 @@ from hookrun.resume import disagreement, fit_problems, non_finite, summary
 from hookrun.sharding import padding_note
 from hookrun.writers import restore_writer_states, writer_states
 
-if TYPE_CHECKING:
-    from hookrun.runner import Runner
 
-
-def collect(runner: Runner, save_optimizer: bool = True) -> dict[str, Any]:
+def collect(runner: Checkpointable, save_optimizer: bool = True) -> dict[str, Any]:
     """The full state of a run (format ``hookrun/1``), every rank's RNG streams included."""
     pos = runner.position
     if pos.stepping:
@@ -48,7 +50,7 @@ def collect(runner: Runner, save_optimizer: bool = True) -> dict[str, Any]:
         "model": runner.unwrapped_model.state_dict(),
         "loop": pos.state_dict(),
         "rng": rng,
-        "plugins": {name: obj.state_dict() for name, obj in runner.manager.stateful().items()},  # type: ignore[attr-defined]
+        "plugins": {name: obj.state_dict() for name, obj in runner.stateful_plugins().items()},
     }
     if save_optimizer and runner.optimizer is not None:
         state["optimizer"] = (
@@ -68,7 +70,7 @@ def collect(runner: Runner, save_optimizer: bool = True) -> dict[str, Any]:
     return state
 
 
-def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
+def restore(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool) -> None:
     """Load the weights, and with ``resume`` everything else a run needs to continue exactly.
 
     The caller has checked the fit (:func:`hookrun.resume.fit_problems`). With ``resume``
@@ -108,11 +110,11 @@ def restore(runner: Runner, checkpoint: dict[str, Any], resume: bool) -> None:
         runner.info(line)  # a longer run is a longer schedule
 
 
-def _continue_on_new_world(runner: Runner, saved: int) -> str:
+def _continue_on_new_world(runner: Checkpointable, saved: int) -> str:
     """Move a mid-epoch position saved by ``saved`` ranks to this run's ranks: the epoch goes
     on after the samples the saved ranks used (:mod:`hookrun.sharding`). Returns the line
     that says so; the global batch changes with the number of ranks."""
-    pos, loader = runner.position, runner._loaders["train"]
+    pos, loader = runner.position, runner.train_loader
     size = getattr(getattr(loader, "original", None), "batch_size", None)
     line = f"checkpoint of {saved} rank(s) resumed on {runner.world_size}"
     if size:
@@ -136,18 +138,18 @@ class PluginStateError(Exception):
     """A plugin's ``load_state_dict`` refused the state a checkpoint holds for it."""
 
 
-def _restore_plugins(runner: Runner, saved: dict[str, Any]) -> None:
-    plugins = {n: p for n, p in runner.manager.stateful().items() if n in saved}
-    before = {name: copy.deepcopy(obj.state_dict()) for name, obj in plugins.items()}  # type: ignore[attr-defined]
+def _restore_plugins(runner: Checkpointable, saved: dict[str, Any]) -> None:
+    plugins = {n: p for n, p in runner.stateful_plugins().items() if n in saved}
+    before = {name: copy.deepcopy(obj.state_dict()) for name, obj in plugins.items()}
     done = []
     for name, obj in plugins.items():
         done.append(name)
         try:
-            obj.load_state_dict(saved[name])  # type: ignore[attr-defined]
+            obj.load_state_dict(saved[name])
         except Exception as exc:
             for undo in done:
                 with contextlib.suppress(Exception):
-                    plugins[undo].load_state_dict(before[undo])  # type: ignore[attr-defined]
+                    plugins[undo].load_state_dict(before[undo])
             raise PluginStateError(
                 f"plugins.{name}: its state does not load "
                 f"({type(exc).__name__}: {_first_line(exc)})"
@@ -164,7 +166,7 @@ def load(path: Path, mmap: bool = False) -> dict[str, Any]:
     return checkpoint
 
 
-def write(runner: Runner, state: dict[str, Any], path: Path) -> Path:
+def write(runner: Checkpointable, state: dict[str, Any], path: Path) -> Path:
     """Write ``state`` as a file (this process), or under FSDP as a sharded folder (every
     rank calls this)."""
     if runner.strategy == "fsdp":
@@ -179,23 +181,23 @@ def _sharded() -> Any:
     return sharded
 
 
-def check_start(runner: Runner, resume: str | Path | None) -> list[Path]:
+def check_start(runner: Checkpointable, resume: str | Path | None) -> list[Path]:
     """Every check that can refuse ``runner.train(resume)``, run before anything of the run
     is written (the CLI asks before it writes ``config.yaml``, ``Runner.train`` before its
     writers open): a train loader without batches; without ``resume``, a work dir that
-    holds a run (:func:`hookrun.workdir.check_unused`); an explicit checkpoint that does not
-    fit; under ``"auto"``, checkpoints of which none can continue the run. Returns the
-    leftovers of a start that never completed an iteration (for
-    :func:`hookrun.workdir.start_over`). Changes nothing."""
-    loader = runner._loaders["train"]
+    holds a run (:func:`check_unused`, in the default checkpoint folder and the run's); an
+    explicit checkpoint that does not fit; under ``"auto"``, checkpoints of which none can
+    continue the run. Returns the leftovers of a start that never completed an iteration
+    (for :func:`hookrun.workdir.start_over`). Changes nothing."""
+    loader = runner.train_loader
     if loader is not None and len(loader) == 0:
         raise ConfigError("train_dataloader: yields no batches")
     if resume is None:
-        folders = dict.fromkeys([runner.checkpoint_dir, workdir.checkpoint_dir(runner)])
-        return workdir.check_unused(runner.work_dir, folders)
+        folders = [runner.work_dir / workdir.CHECKPOINTS, runner.checkpoint_dir]
+        return check_unused(runner.work_dir, folders)
     if str(resume) == "auto":
         survey = _Survey()
-        for _ in _fitting(runner, workdir.checkpoint_dir(runner), survey, report=None):
+        for _ in resume_candidates(runner, survey):
             return []
         survey.raise_when_refused()
     else:
@@ -203,7 +205,9 @@ def check_start(runner: Runner, resume: str | Path | None) -> list[Path]:
     return []
 
 
-def check_fit(runner: Runner, path: Path, resume: bool, mmap: bool = False) -> dict[str, Any]:
+def check_fit(
+    runner: Checkpointable, path: Path, resume: bool, mmap: bool = False
+) -> dict[str, Any]:
     """The checkpoint at ``path`` (a file or a sharded folder), loaded (its tensors mapped
     with ``mmap``) and found to fit ``runner``; changes nothing."""
     if not path.exists():
@@ -218,7 +222,7 @@ def check_fit(runner: Runner, path: Path, resume: bool, mmap: bool = False) -> d
     return checkpoint
 
 
-def load_into(runner: Runner, path: Path, resume: bool) -> dict[str, Any]:
+def load_into(runner: Checkpointable, path: Path, resume: bool) -> dict[str, Any]:
     """Load ``path`` and restore it into ``runner`` (weights only unless ``resume``).
 
     A file that is missing, cannot be loaded or does not fit the run raises
@@ -240,7 +244,7 @@ def load_into(runner: Runner, path: Path, resume: bool) -> dict[str, Any]:
     return checkpoint
 
 
-def resume(runner: Runner, resume: str | Path) -> None:
+def resume(runner: Checkpointable, resume: str | Path) -> None:
     """Continue from ``resume``: a path, or "auto" (see :func:`resume_auto`). Under
     torch.distributed a checkpoint refused on any rank stops every rank, and the ranks
     check that they all continue from the same checkpoint."""
@@ -251,7 +255,7 @@ def resume(runner: Runner, resume: str | Path) -> None:
             path = Path(resume)
             load_into(runner, path, resume=True)
             runner.resumed_from = path
-            runner.info(f"resumed from {path} at iteration {runner.iter}")
+            runner.info(f"resumed from {path} at iteration {runner.position.iter}")
     if runner.world_size > 1:
         name = runner.resumed_from.name if runner.resumed_from is not None else None
         problem = disagreement(collectives.all_gather_object((name, runner.position.iter)))
@@ -259,7 +263,7 @@ def resume(runner: Runner, resume: str | Path) -> None:
             raise CheckpointMismatchError(problem, reason=problem)
 
 
-def resume_auto(runner: Runner) -> Path | None:
+def resume_auto(runner: Checkpointable) -> Path | None:
     """Restore the newest checkpoint of ``runner.checkpoint_dir`` that loads and fits.
 
     Candidates go newest first, the file the ``latest`` pointer names (a plain name of the
@@ -278,7 +282,7 @@ def resume_auto(runner: Runner) -> Path | None:
     """
     folder = runner.checkpoint_dir
     survey = _Survey()
-    for path, checkpoint in _fitting(runner, folder, survey, runner.info):
+    for path, checkpoint in resume_candidates(runner, survey, runner.info):
         try:
             _restore(runner, checkpoint, True, path)
         except PluginStateError as exc:
@@ -291,7 +295,7 @@ def resume_auto(runner: Runner) -> Path | None:
             why = f"named by {folder / 'latest'}"
         if survey.refused:
             why += f"; skipped {len(survey.refused)}"
-        runner.info(f"resumed from {path} at iteration {runner.iter} ({why})")
+        runner.info(f"resumed from {path} at iteration {runner.position.iter} ({why})")
         return path
     survey.raise_when_refused()
     runner.info(f"no checkpoint in {folder}; starting fresh")
@@ -299,7 +303,7 @@ def resume_auto(runner: Runner) -> Path | None:
 
 
 class _Survey:
-    """The checkpoints :func:`_fitting` passed over: each with why, and those whose weights
+    """The checkpoints :func:`resume_candidates` passed over: each with why, and those whose weights
     are not finite."""
 
     def __init__(self) -> None:
@@ -328,12 +332,18 @@ class _Survey:
             )
 
 
-def _fitting(
-    runner: Runner, folder: Path, survey: _Survey, report: Callable[[str], None] | None
+def resume_candidates(
+    runner: Checkpointable,
+    survey: _Survey | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """The checkpoints of ``folder`` that load, fit the run and hold finite weights, newest
-    first, loaded (tensors mapped when there is no ``report``: a check, not a restore);
-    every other is added to ``survey`` and given to ``report`` with why."""
+    """What ``resume="auto"`` may continue from, in the order it tries them: the checkpoints
+    of ``runner.checkpoint_dir`` that load, fit the run and hold finite weights, newest first
+    (:func:`hookrun.checkpoint.candidates`), loaded (tensors mapped when there is no
+    ``report``: a check, not a restore); every other is added to ``survey`` and given to
+    ``report`` with why. The resume takes the first whose plugins accept their state."""
+    folder = runner.checkpoint_dir
+    survey = survey if survey is not None else _Survey()
     survey.folder = folder
     for path in ckpt_io.candidates(folder, report):
         try:
@@ -358,7 +368,7 @@ def _fitting(
             report(f"skipping checkpoint {path}: {reason}")
 
 
-def _restore(runner: Runner, checkpoint: dict[str, Any], resume: bool, path: Path) -> None:
+def _restore(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool, path: Path) -> None:
     """:func:`restore`, then ``after_load_checkpoint``. A failure that the fit check did
     not foresee (a module's own ``_load_from_state_dict`` refusing) is one line naming the
     file; the runner may then be partly restored, so ``auto`` stops there too."""
@@ -383,3 +393,88 @@ def _version() -> str:
     from hookrun import __version__
 
     return __version__
+
+
+# -- what a work dir's checkpoints say -------------------------------------------------------
+
+
+def check_unused(work_dir: Path, folders: Iterable[Path]) -> list[Path]:
+    """Refuse ``work_dir`` when it holds a run that trained (its logs, or the checkpoints of
+    ``folders``), so that a start without a resume never trains over one: the one rule of
+    ``hookrun train`` and ``Runner.train``. Else the leftovers of a start that never
+    completed an iteration (:func:`hookrun.workdir.refuse_trained`). Changes nothing."""
+    return workdir.refuse_trained(work_dir, checkpoint_leftovers(folders))
+
+
+def checkpoint_leftovers(folders: Iterable[Path]) -> list[Path] | None:
+    """The files of ``folders`` that a run which never completed an iteration leaves (the
+    ``latest`` pointer and checkpoints at iteration 0: an emergency save of a first
+    iteration that failed); None when a folder holds anything else, or a file that cannot
+    be judged."""
+    found: list[Path] = []
+    for folder in dict.fromkeys(folders):
+        if not folder.is_dir():
+            continue
+        for entry in sorted(folder.iterdir()):
+            if entry.name == "latest" and entry.is_file():
+                found.append(entry)
+                continue
+            if not (entry.is_file() and entry.suffix == ".pt"):
+                return None
+            try:
+                position = LoopPosition.from_state(ckpt_io.load(entry, mmap=True)["loop"])
+            except Exception:  # not a loadable hookrun/1 file, or no position in it
+                return None
+            if position.iter != 0:
+                return None
+            found.append(entry)
+    return found
+
+
+def mark_finished(runner: Checkpointable) -> bool:
+    """After a run that completed (training to its end, validation and test included),
+    record its final position in ``<work_dir>/.hookrun.finished``; True when written. A run
+    that stopped early (``stop_training``) is not finished and writes nothing; a record
+    that cannot be written (a full disk) only means a later ``--resume auto`` validates
+    and tests again."""
+    if not _finished(runner, runner.position):
+        return False
+    record = {"loop": runner.position.state_dict(), "max_iters": runner.max_iters}
+    try:
+        ckpt_io.atomic_write_text(
+            json.dumps(record) + "\n", runner.work_dir / workdir.FINISHED_NAME
+        )
+    except Exception:
+        return False
+    return True
+
+
+def finished_position(runner: Checkpointable) -> LoopPosition | None:
+    """The final position of a run that completed, when ``resume="auto"`` would continue
+    from its last checkpoint and the training loop would have nothing left to do, else None.
+
+    The checkpoint at the end of training is collected before the final validation (and
+    the test) ran, so its position alone cannot tell a completed run from one stopped
+    during that validation; the record :func:`mark_finished` leaves can. It counts when it
+    is finished for this run's ``max_epochs``/``max_iters`` and the checkpoint that the
+    resume would choose (:func:`resume_candidates`) is at the same iteration. Nothing is
+    changed.
+    """
+    final = workdir.read_finished(runner.work_dir)
+    if final is None or not _finished(runner, final):
+        return None
+    for _, checkpoint in resume_candidates(runner):
+        position = LoopPosition.from_state(checkpoint["loop"])
+        return final if position.iter == final.iter else None  # only the validation between
+    return None
+
+
+def _finished(runner: Checkpointable, position: LoopPosition) -> bool:
+    """The training loop's own test, asked of ``position``."""
+    from hookrun.loops import TrainLoop
+
+    saved, runner.position = runner.position, position
+    try:
+        return TrainLoop(runner).finished()
+    finally:
+        runner.position = saved

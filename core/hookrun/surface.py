@@ -233,8 +233,8 @@ class RunnerProtocol(Protocol):
         """The run's folder."""
 
     checkpoint_dir: Path
-    """Where checkpoints go and ``resume="auto"`` looks; a plugin may point it elsewhere in
-    ``before_run``."""
+    """Where checkpoints go and ``resume="auto"`` looks: the folder a plugin declares
+    (:meth:`Plugin.checkpoint_dir`), else ``<work_dir>/checkpoints``."""
 
     @property
     def resumed_from(self) -> Path | None:

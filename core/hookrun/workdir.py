@@ -11,12 +11,17 @@
   through it: never through a symbolic link, never a FIFO, device or hard-linked file.
 - :func:`record_created`: every file hookrun creates in a work dir it holds is listed in
   ``<work_dir>/.hookrun.files``; hookrun removes only files listed there.
-- :func:`check_unused`: a work dir holding a run that trained is refused without a resume;
+- :func:`refuse_trained`: a work dir holding a run that trained is refused without a resume;
   one whose run never completed an iteration does not block a new run, which removes the
   leftovers it can prove hookrun wrote (:func:`start_over`).
-- :func:`mark_finished` / :func:`finished_position`: a completed ``hookrun train`` records
-  its final position; ``--resume auto`` then finds that the checkpoint it would continue
-  from is the run's end, and does nothing.
+- :func:`checkpoint_dirs`: where a run's checkpoints are (``<work_dir>/checkpoints`` unless
+  a plugin declares another folder); the Runner keeps the answer as ``runner.checkpoint_dir``.
+- :func:`read_finished` / :data:`FINISHED_NAME`: a completed ``hookrun train`` records its
+  final position (:func:`hookrun.state.mark_finished`), so that ``--resume auto`` can do
+  nothing (:func:`hookrun.state.finished_position`).
+
+The checkpoint files themselves are judged on the checkpoint side (:mod:`hookrun.state`),
+which uses this module, never the other way round.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import io
 import json
 import os
 import socket
+import stat as stat_mode
 import struct
 import sys
 import threading
@@ -36,17 +42,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from stat import S_ISREG
-from typing import TYPE_CHECKING, Any
+from typing import BinaryIO
 
 from hookrun.errors import HookrunError
 from hookrun.loop import LoopPosition
 
-if TYPE_CHECKING:
-    from hookrun.runner import Runner
-
 LOCK_NAME = ".hookrun.lock"
 FINISHED_NAME = ".hookrun.finished"  # the final position of a run that completed
 MANIFEST_NAME = ".hookrun.files"  # the files hookrun created here, one JSON string a line
+CHECKPOINTS = "checkpoints"
+"""The run's checkpoint folder in its work dir, unless a plugin declares another."""
 # file systems mounted without lock support (Lustre `noflock`, some NFS set-ups)
 _NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
 
@@ -345,16 +350,18 @@ def holder(path: Path) -> str:
 # -- what a work dir holds -------------------------------------------------------------------
 
 
-def check_unused(work_dir: Path, checkpoint_dirs: Iterable[Path]) -> list[Path]:
-    """Refuse ``work_dir`` when it holds a run that trained, so that a start without a resume
-    never trains over one (the one rule of ``hookrun train`` and ``Runner.train``); else the
-    leftovers of a start that never completed an iteration (:func:`failed_start_leftovers`),
-    for :func:`start_over`. Files hookrun does not know do not count. Changes nothing."""
+def refuse_trained(work_dir: Path, in_checkpoints: list[Path] | None) -> list[Path]:
+    """Refuse ``work_dir`` when it holds a run that trained; else the leftovers of a start
+    that never completed an iteration (:func:`failed_start_leftovers`), for
+    :func:`start_over`. ``in_checkpoints``: what the run's checkpoint folders hold, as
+    :func:`hookrun.state.checkpoint_leftovers` judges it (the checkpoint side reads
+    checkpoints; :func:`hookrun.state.check_unused` asks both). Files hookrun does not know
+    do not count. Changes nothing."""
     if work_dir.exists() and not work_dir.is_dir():
         raise HookrunError(f"work dir {work_dir} exists and is not a folder")
     if not work_dir.is_dir():
         return []
-    leftovers = failed_start_leftovers(work_dir, checkpoint_dirs)
+    leftovers = failed_start_leftovers(work_dir, in_checkpoints)
     if leftovers is None:
         raise HookrunError(
             f"work dir {work_dir} already holds a run; continue it with `--resume auto`, "
@@ -363,17 +370,16 @@ def check_unused(work_dir: Path, checkpoint_dirs: Iterable[Path]) -> list[Path]:
     return leftovers
 
 
-def failed_start_leftovers(work_dir: Path, checkpoint_dirs: Iterable[Path]) -> list[Path] | None:
+def failed_start_leftovers(work_dir: Path, in_checkpoints: list[Path] | None) -> list[Path] | None:
     """The files that a run which never completed an iteration left in ``work_dir``; None
     when the work dir holds a run that trained, or anything that cannot be judged.
 
     A run trained when its log (``log.jsonl``, or a ``*.jsonl`` the manifest lists) holds a
     record with a ``step`` (scalars), an event file (``*/events.out.tfevents.*``) holds
-    anything but text (the config), or a checkpoint folder holds a file other than
-    ``latest`` and checkpoints at iteration 0 (an emergency save of a first iteration that
-    failed). Files that cannot be judged count as training. Other files (a user's own
-    ``train.jsonl``), ``config.yaml`` (rewritten by the new run) and anything outside
-    ``work_dir`` are not leftovers.
+    anything but text (the config), or its checkpoint folders did (``in_checkpoints`` is
+    None; else their files). Files that cannot be judged count as training. Other files
+    (a user's own ``train.jsonl``), ``config.yaml`` (rewritten by the new run) and anything
+    outside ``work_dir`` are not leftovers.
     """
     own = recorded(work_dir)
     logs = {work_dir / "log.jsonl"} | {p for p in own if p.suffix == ".jsonl"}
@@ -386,24 +392,14 @@ def failed_start_leftovers(work_dir: Path, checkpoint_dirs: Iterable[Path]) -> l
         if _events_trained(events):
             return None
         found.append(events)
-    for folder in dict.fromkeys(checkpoint_dirs):  # an out_dir elsewhere is judged too
-        if not folder.is_dir():
-            continue
-        for entry in sorted(folder.iterdir()):
-            if entry.name == "latest" and entry.is_file():
-                found.append(entry)
-                continue
-            if not (entry.is_file() and entry.suffix == ".pt"):
-                return None
-            checkpoint = peek(entry)
-            if checkpoint is None or _loop_iter(checkpoint) != 0:
-                return None
-            found.append(entry)
+    if in_checkpoints is None:
+        return None
+    found += in_checkpoints  # a checkpoint folder elsewhere is judged too
     return [path for path in found if path.is_relative_to(work_dir)]  # judged, not removed
 
 
 def start_over(work_dir: Path, leftovers: list[Path]) -> str | None:
-    """Remove those of ``leftovers`` (see :func:`check_unused`) that the work dir's manifest
+    """Remove those of ``leftovers`` (see :func:`refuse_trained`) that the work dir's manifest
     proves hookrun created (:func:`record_created`): a file is never removed by its name
     alone. The line that says what was removed and what was left; None when there were no
     leftovers."""
@@ -431,8 +427,6 @@ def _names(work_dir: Path, paths: list[Path]) -> str:
 
 
 def _log_trained(path: Path) -> bool:
-    from hookrun.checkpoint import open_regular
-
     try:
         with open_regular(path) as raw, io.TextIOWrapper(raw, encoding="utf-8") as f:
             for line in f:
@@ -452,8 +446,6 @@ def _events_trained(path: Path) -> bool:
     try:
         from tensorboardX.proto.event_pb2 import Event
 
-        from hookrun.checkpoint import open_regular
-
         with open_regular(path) as f:
             while header := f.read(12):
                 if len(header) < 12:
@@ -471,54 +463,15 @@ def _events_trained(path: Path) -> bool:
     return False
 
 
-def peek(path: Path) -> dict[str, Any] | None:
-    """A checkpoint loaded lazily (tensors memory-mapped) to read its position and check
-    its fit; None when it is not a loadable ``hookrun/1`` file (the resume names why)."""
-    from hookrun import checkpoint as ckpt_io
-
+def read_finished(work_dir: Path) -> LoopPosition | None:
+    """The final position a completed run recorded in ``<work_dir>/.hookrun.finished``; None
+    when there is none or it cannot be read."""
     try:
-        return ckpt_io.load(path, mmap=True)
-    except Exception:
+        with open_regular(Path(work_dir) / FINISHED_NAME) as f:
+            record = json.loads(f.read(1 << 20))
+        return LoopPosition.from_state(record["loop"])
+    except (OSError, ValueError, TypeError, KeyError):
         return None
-
-
-def _loop_iter(checkpoint: dict[str, Any]) -> int | None:
-    try:
-        return LoopPosition.from_state(checkpoint["loop"]).iter
-    except Exception:
-        return None
-
-
-# -- a finished run --------------------------------------------------------------------------
-
-
-def checkpoint_dir(runner: Runner) -> Path:
-    """Where ``resume="auto"`` will look once the run starts: the checkpoint plugin's
-    ``out_dir`` (which its ``before_run`` makes ``runner.checkpoint_dir``) when it has one."""
-    plugin = runner.plugins.get("checkpoint")
-    out_dir = getattr(getattr(plugin, "settings", None), "out_dir", None)
-    if not out_dir:
-        return Path(runner.checkpoint_dir)
-    path = Path(out_dir)
-    return path if path.is_absolute() else runner.work_dir / path
-
-
-def mark_finished(runner: Runner) -> bool:
-    """After a run that completed (training to its end, validation and test included),
-    record its final position in ``<work_dir>/.hookrun.finished``; True when written. A run
-    that stopped early (``stop_training``) is not finished and writes nothing; a record
-    that cannot be written (a full disk) only means a later ``--resume auto`` validates
-    and tests again."""
-    if not _finished(runner, runner.position):
-        return False
-    from hookrun.checkpoint import atomic_write_text
-
-    record = {"loop": runner.position.state_dict(), "max_iters": runner.max_iters}
-    try:
-        atomic_write_text(json.dumps(record) + "\n", Path(runner.work_dir) / FINISHED_NAME)
-    except Exception:
-        return False
-    return True
 
 
 def clear_finished(work_dir: str | Path) -> None:
@@ -526,52 +479,49 @@ def clear_finished(work_dir: str | Path) -> None:
     (Path(work_dir) / FINISHED_NAME).unlink(missing_ok=True)
 
 
-def finished_position(runner: Runner) -> LoopPosition | None:
-    """The final position of a run that completed, when ``resume="auto"`` would continue
-    from its last checkpoint and the training loop would have nothing left to do, else None.
+# -- where checkpoints are -------------------------------------------------------------------
 
-    The checkpoint at the end of training is collected before the final validation (and
-    the test) ran, so its position alone cannot tell a completed run from one stopped
-    during that validation; the record :func:`mark_finished` leaves can. It counts when it
-    is finished for this run's ``max_epochs``/``max_iters`` and the checkpoint that the
-    resume would choose (candidates newest first; files that do not load, do not fit the
-    run or hold weights that are not finite passed over silently, as the resume names
-    them) is at the same iteration. Nothing is changed.
-    """
-    from hookrun import checkpoint as ckpt_io
-    from hookrun.checkpoint import open_regular
-    from hookrun.resume import fit_problems, non_finite
 
+def checkpoint_dirs(work_dir: Path, plugins: Iterable[object]) -> list[Path]:
+    """The folders a run's checkpoints may be in, its own last: ``<work_dir>/checkpoints``,
+    then the folder the first plugin that declares one names (:meth:`hookrun.Plugin.
+    checkpoint_dir`). A new run judges both: an earlier run may have used the default."""
+    folders = [work_dir / CHECKPOINTS]
+    for plugin in plugins:
+        declare = getattr(plugin, "checkpoint_dir", None)
+        declared = declare(work_dir) if callable(declare) else None
+        if declared is not None:
+            folders.append(Path(declared))
+            break
+    return list(dict.fromkeys(folders))
+
+
+# -- reading a file hookrun did not necessarily write ------------------------------------------
+
+
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` that is not a regular file's is, for the line that refuses it."""
+    kinds = {
+        stat_mode.S_IFIFO: "a FIFO",
+        stat_mode.S_IFCHR: "a character device",
+        stat_mode.S_IFBLK: "a block device",
+        stat_mode.S_IFSOCK: "a socket",
+        stat_mode.S_IFDIR: "a folder",
+    }
+    return f"not a regular file ({kinds.get(stat_mode.S_IFMT(mode), 'not a file')})"
+
+
+def open_regular(path: str | Path) -> BinaryIO:
+    """``path`` opened to read, refused with an ``OSError`` naming what it is unless it is a
+    regular file. It is opened without blocking and checked on the descriptor, so a file
+    swapped for a FIFO after any earlier check cannot block the reader either."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        with open_regular(Path(runner.work_dir) / FINISHED_NAME) as f:
-            record = json.loads(f.read(1 << 20))
-        final = LoopPosition.from_state(record["loop"])
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-    if not _finished(runner, final):
-        return None
-    for path in ckpt_io.candidates(checkpoint_dir(runner)):
-        checkpoint = peek(path)
-        if checkpoint is None:
-            continue
-        try:
-            position = LoopPosition.from_state(checkpoint["loop"])
-            unusable = bool(fit_problems(runner, checkpoint, resume=True)) or bool(
-                non_finite(checkpoint["model"])
-            )
-        except Exception:
-            continue
-        if not unusable:  # the same iteration: only the final validation lay between
-            return final if position.iter == final.iter else None
-    return None
-
-
-def _finished(runner: Runner, position: LoopPosition) -> bool:
-    """The training loop's own test, asked of ``position``."""
-    from hookrun.loops import TrainLoop
-
-    saved, runner.position = runner.position, position
-    try:
-        return TrainLoop(runner).finished()
-    finally:
-        runner.position = saved
+        mode = os.fstat(fd).st_mode
+        if not stat_mode.S_ISREG(mode):
+            raise OSError(file_kind(mode))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

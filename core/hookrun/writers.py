@@ -30,7 +30,7 @@ from hookrun.discovery import (
     installed,
 )
 from hookrun.errors import ConfigError
-from hookrun.workdir import check_no_links, open_for_writing
+from hookrun.workdir import CHECKPOINTS, check_no_links, open_for_writing
 
 #: How a run ended, handed to :meth:`Writer.finish`: trackers close their run with it.
 RUN_STATUSES = ("finished", "failed", "killed")
@@ -45,6 +45,9 @@ class Writer:
     def __init__(self, work_dir: str | Path, **options: Any) -> None:
         self.work_dir = Path(work_dir)
         """The run's folder: a writer keeps its files under it."""
+        self.run_checkpoint_dir = self.work_dir / CHECKPOINTS
+        """The run's checkpoint folder (what trackers upload from): ``runner.checkpoint_dir``
+        once a Runner opens the writer."""
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> list[str]:
@@ -320,10 +323,12 @@ def open_writers(
     resolved: list[tuple[Any, dict[str, Any]]],
     work_dir: Path,
     states: Mapping[str, Mapping[str, Any]] | None = None,
+    checkpoint_dir: Path | None = None,
 ) -> list[Writer]:
     """Instantiate resolved writers in ``work_dir`` (ready instances are used as they are),
-    giving each the state its name holds in ``states`` (what the same Runner's previous
-    pass left, so a test pass continues the training's tracker run)."""
+    giving each the run's ``checkpoint_dir`` and the state its name holds in ``states``
+    (what the same Runner's previous pass left, so a test pass continues the training's
+    tracker run)."""
     writers: list[Writer] = []
     try:
         for cls, options in resolved:
@@ -332,6 +337,9 @@ def open_writers(
         for writer in writers:
             writer.close()
         raise
+    if checkpoint_dir is not None:
+        for writer in writers:
+            writer.run_checkpoint_dir = checkpoint_dir
     restore_writer_states(writers, states or {})
     return writers
 

@@ -216,13 +216,15 @@ class Checkpoint(Plugin[CheckpointSettings]):
         plugin's own kinds; what is dropped is named in ``before_train``."""
         self.kept, self.best, self.top, self.latest, self.ignored = read_bookkeeping(state)
 
+    def checkpoint_dir(self, work_dir: Path) -> Path | None:
+        """``out_dir`` (inside ``work_dir`` when relative); None keeps the run's default."""
+        return work_dir / self.settings.out_dir if self.settings.out_dir else None
+
     # -- hooks ---------------------------------------------------------------------------
 
     @hookimpl
     def before_run(self, runner: RunnerProtocol) -> None:
-        out_dir = Path(self.settings.out_dir or "checkpoints")
-        self.out_dir = out_dir if out_dir.is_absolute() else runner.work_dir / out_dir
-        runner.checkpoint_dir = self.out_dir
+        self.out_dir = runner.checkpoint_dir
         if runner.mode != "train":
             return
         self.training = self.stopped = False

@@ -32,7 +32,7 @@ class DVCLiveWriter(Writer):
         save_dvc_exp: bool = False,
         dvcyaml: bool = False,
         log_checkpoints: str = "none",
-        checkpoint_dir: str = "checkpoints",
+        checkpoint_dir: str | None = None,
     ) -> None:
         super().__init__(work_dir)
         self.dir = self.work_dir / dir
@@ -40,7 +40,8 @@ class DVCLiveWriter(Writer):
         self.save_dvc_exp = save_dvc_exp
         self.dvcyaml = dvcyaml
         self.log_checkpoints = log_checkpoints
-        self.checkpoint_dir = self.work_dir / checkpoint_dir
+        # None: the run's own folder (``runner.checkpoint_dir``), known once the run opens it
+        self.checkpoint_dir = self.work_dir / checkpoint_dir if checkpoint_dir else None
         self._config: dict[str, Any] | None = None
         self._live: Any = None
 
@@ -86,7 +87,9 @@ class DVCLiveWriter(Writer):
         """Checkpoints as DVC artifacts, the status as the ``hookrun.status`` param, then
         DVCLive's own end (a DVC experiment with ``save_dvc_exp``)."""
         live = self._open()
-        for path in checkpoint_files(self.checkpoint_dir, self.log_checkpoints):
+        for path in checkpoint_files(
+            self.checkpoint_dir or self.run_checkpoint_dir, self.log_checkpoints
+        ):
             live.log_artifact(str(path), type="model")
         live.log_param("hookrun", {"status": status})
         live.end()

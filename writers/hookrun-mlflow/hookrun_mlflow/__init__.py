@@ -45,7 +45,7 @@ class MlflowWriter(Writer):
         run_name: str | None = None,
         tags: Mapping[str, Any] | None = None,
         log_checkpoints: str = "none",
-        checkpoint_dir: str = "checkpoints",
+        checkpoint_dir: str | None = None,
     ) -> None:
         super().__init__(work_dir)
         self.local_uri = (self.work_dir / "mlruns").absolute().as_uri()
@@ -54,7 +54,8 @@ class MlflowWriter(Writer):
         self.run_name = run_name or self.work_dir.absolute().name
         self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
         self.log_checkpoints = log_checkpoints
-        self.checkpoint_dir = self.work_dir / checkpoint_dir
+        # None: the run's own folder (``runner.checkpoint_dir``), known once the run opens it
+        self.checkpoint_dir = self.work_dir / checkpoint_dir if checkpoint_dir else None
         self.run_id: str | None = None
         self._resume_id: str | None = None
         self._uploaded: list[str] = []  # checkpoint_signature of each file uploaded
@@ -102,7 +103,9 @@ class MlflowWriter(Writer):
         """Checkpoints under ``checkpoints/``, then the run ends ``FINISHED``, ``FAILED``
         or ``KILLED``."""
         run_id = self._run()
-        for path in checkpoint_files(self.checkpoint_dir, self.log_checkpoints, self._uploaded):
+        for path in checkpoint_files(
+            self.checkpoint_dir or self.run_checkpoint_dir, self.log_checkpoints, self._uploaded
+        ):
             self._client.log_artifact(run_id, str(path), artifact_path="checkpoints")
             self._uploaded.append(checkpoint_signature(path))
         self._client.set_terminated(run_id, STATUS.get(status, "FAILED"))

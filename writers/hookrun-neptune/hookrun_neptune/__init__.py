@@ -40,7 +40,7 @@ class NeptuneWriter(Writer):
         tags: Sequence[str] | None = None,
         mode: str | None = None,
         log_checkpoints: str = "none",
-        checkpoint_dir: str = "checkpoints",
+        checkpoint_dir: str | None = None,
         init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(work_dir)
@@ -49,7 +49,8 @@ class NeptuneWriter(Writer):
         self.tags = [str(tag) for tag in tags or ()]
         self.mode = mode
         self.log_checkpoints = log_checkpoints
-        self.checkpoint_dir = self.work_dir / checkpoint_dir
+        # None: the run's own folder (``runner.checkpoint_dir``), known once the run opens it
+        self.checkpoint_dir = self.work_dir / checkpoint_dir if checkpoint_dir else None
         self.init_kwargs = dict(init_kwargs or {})
         self.custom_run_id = uuid.uuid4().hex
         self._uploaded: list[str] = []  # checkpoint_signature of each file uploaded
@@ -101,7 +102,9 @@ class NeptuneWriter(Writer):
         """Checkpoints under ``checkpoints/``, ``hookrun/status`` and ``sys/failed`` (true
         unless finished), then Neptune's ``stop()``."""
         run = self._open()
-        for path in checkpoint_files(self.checkpoint_dir, self.log_checkpoints, self._uploaded):
+        for path in checkpoint_files(
+            self.checkpoint_dir or self.run_checkpoint_dir, self.log_checkpoints, self._uploaded
+        ):
             run[f"checkpoints/{path.stem}"].upload(str(path))
             self._uploaded.append(checkpoint_signature(path))
         run["hookrun/status"] = status

@@ -43,7 +43,7 @@ class WandbWriter(Writer):
         tags: Sequence[str] | None = None,
         mode: str | None = None,
         log_checkpoints: str = "none",
-        checkpoint_dir: str = "checkpoints",
+        checkpoint_dir: str | None = None,
         init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(work_dir)
@@ -53,7 +53,8 @@ class WandbWriter(Writer):
         self.tags = [str(tag) for tag in tags or ()]
         self.mode = mode
         self.log_checkpoints = log_checkpoints
-        self.checkpoint_dir = self.work_dir / checkpoint_dir
+        # None: the run's own folder (``runner.checkpoint_dir``), known once the run opens it
+        self.checkpoint_dir = self.work_dir / checkpoint_dir if checkpoint_dir else None
         self.init_kwargs = dict(init_kwargs or {})
         self._resume_id: str | None = None
         self._uploaded: list[str] = []  # checkpoint_signature of each file uploaded
@@ -105,7 +106,9 @@ class WandbWriter(Writer):
         import wandb
 
         run = self._open()
-        files = checkpoint_files(self.checkpoint_dir, self.log_checkpoints, self._uploaded)
+        files = checkpoint_files(
+            self.checkpoint_dir or self.run_checkpoint_dir, self.log_checkpoints, self._uploaded
+        )
         if files:
             artifact = wandb.Artifact(f"model-{run.id}", type="model")
             for path in files:
