@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,13 @@ from hookrun.testing import once_per_session, train_reference
 def _isolated(hookrun_isolated: None, hookrun_one_thread: None) -> None:
     """Installed plugins load only when a test names them. Tiny models train many times
     faster with one thread than with threads fighting over a shared machine's cores."""
+
+
+@pytest.fixture(autouse=True)
+def _python_sigint_handler() -> None:
+    """Each test starts with Python's own SIGINT handler (Ctrl-C raises KeyboardInterrupt), as
+    a user's interpreter does, whatever the worker process inherited or a test left."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

@@ -177,7 +177,6 @@ def test_import_graph_counts_every_import(tmp_path):
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31: the circles named in HOUSE.md are being removed")
 def test_hookrun_modules_import_no_circle():
     graph = import_graph(HOOKRUN)
     assert any(graph.values()), "no import between hookrun's modules was found"
@@ -373,20 +372,7 @@ CORE_MODULES = sorted(HOOKRUN.rglob("*.py"))
 
 @pytest.mark.parametrize(
     "path",
-    [
-        pytest.param(
-            path,
-            id=str(path.relative_to(HOOKRUN)),
-            marks=[
-                pytest.mark.xfail(
-                    strict=True, reason="issue 31: --ema reads the ema plugin's state"
-                )
-            ]
-            if path.name == "export.py"
-            else [],
-        )
-        for path in CORE_MODULES
-    ],
+    [pytest.param(path, id=str(path.relative_to(HOOKRUN))) for path in CORE_MODULES],
 )
 def test_core_names_no_plugin_its_package_or_settings(path):
     """The core asks plugins through documented methods (``Plugin.checkpoint_dir``): no core
