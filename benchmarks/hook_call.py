@@ -23,7 +23,7 @@ from typing import Any
 os.environ["HOOKRUN_PLUGINS_AUTOLOAD"] = "0"  # only the implementations below
 
 from hookrun import hookimpl  # noqa: E402
-from hookrun.manager import PluginManager  # noqa: E402
+from hookrun.hooks.manager import PluginManager  # noqa: E402
 
 CALL = "call(runner=None, batch_idx=0, batch=None, outputs=None)"
 

@@ -178,7 +178,7 @@ def main() -> None:
     torch.set_num_threads(1)
     os.environ["HOOKRUN_DISABLE_PLUGINS"] = "ema,precise_bn"
     os.environ.pop("HOOKRUN_PLUGINS_AUTOLOAD", None)
-    from hookrun.discovery import installed_plugins
+    from hookrun.hooks.discovery import installed_plugins
 
     installed = installed_plugins()
     timer = "timer" in installed

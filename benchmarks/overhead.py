@@ -141,7 +141,7 @@ def hand_loop(iters: int) -> float:
 def runner_loop(iters: int, default_plugins: bool) -> float:
     """The Runner with every installed plugin off and no writer (the core's report every 50
     iterations is the hand loop's .item()), or with the default plugins and writers."""
-    from hookrun.discovery import installed_plugins
+    from hookrun.hooks.discovery import installed_plugins
 
     model = make_model()
     timing = Timing()

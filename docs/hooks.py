@@ -1,6 +1,6 @@
 """mkdocs hooks: generate the reference parts of the docs from the code.
 
-- ``<!-- hook-reference -->`` becomes every hook point of ``hookrun.hookspecs`` with its
+- ``<!-- hook-reference -->`` becomes every hook point of ``hookrun.hooks.specs`` with its
   arguments and docstring (the docstrings are the reference; nothing is copied by hand);
 - ``<!-- settings-table: NAME -->`` becomes plugin NAME's settings table, from the JSON
   schema of its pydantic ``Settings`` (field, type, default, constraints, description);
@@ -36,7 +36,7 @@ def on_page_markdown(markdown: str, page: Any = None, config: Any = None, files:
     if HOOKS_MARKER in markdown:
         markdown = markdown.replace(HOOKS_MARKER, hook_reference())
     if CONFIG_MARKER in markdown:
-        from hookrun.config import RunnerConfig
+        from hookrun.config.file import RunnerConfig
 
         markdown = markdown.replace(CONFIG_MARKER, table(RunnerConfig, "runner"))
     return SECTION_MARKER.sub(lambda m: section_table(m.group(1)), markdown)
@@ -52,7 +52,7 @@ def cli_help(command: str) -> str:
     """``hookrun COMMAND --help`` at a fixed width of 100 columns (the CLI's own maximum)."""
     from click.testing import CliRunner
 
-    from hookrun.cli import cli
+    from hookrun.cli.commands import cli
 
     args = [*command.split(), "--help"]
     result = CliRunner().invoke(cli, args, prog_name="hookrun", terminal_width=100)
@@ -63,7 +63,7 @@ def cli_help(command: str) -> str:
 
 def section_table(name: str) -> str:
     """``optimizer``, ``scheduler`` or ``scheduler.warmup`` of config files, from their models."""
-    from hookrun.optimizers import OptimizerConfig, SchedulerConfig, Warmup
+    from hookrun.config.optimizers import OptimizerConfig, SchedulerConfig, Warmup
 
     models = {"optimizer": OptimizerConfig, "scheduler": SchedulerConfig, "warmup": Warmup}
     return table(models[name], "scheduler.warmup" if name == "warmup" else name)
@@ -71,7 +71,7 @@ def section_table(name: str) -> str:
 
 def settings_table(name: str) -> str:
     """The settings table of installed plugin ``name`` (plus its priority line)."""
-    from hookrun.discovery import installed_plugins
+    from hookrun.hooks.discovery import installed_plugins
 
     info = installed_plugins().get(name)
     if info is None:
@@ -87,7 +87,7 @@ def settings_table(name: str) -> str:
 
 
 def table(settings_cls: Any, where: str) -> str:
-    from hookrun.config import settings_rows
+    from hookrun.config.file import settings_rows
 
     lines = [
         "| setting | type | default | constraints | description |",
@@ -113,8 +113,8 @@ def _cell(text: str) -> str:
 
 def hook_reference() -> str:
     """Every hook point, in declaration order, with its signature and docstring."""
-    from hookrun import hookspecs
-    from hookrun.dispatch import hook_arguments, hook_points
+    from hookrun.hooks import specs as hookspecs
+    from hookrun.hooks.dispatch import hook_arguments, hook_points
 
     parts = []
     for name in hook_points():

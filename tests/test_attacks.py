@@ -17,10 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hookrun import config as cfg
-from hookrun import hookimpl, launch, state, workdir
+from hookrun import hookimpl
+from hookrun.checkpoint import state
+from hookrun.cli import prepare as launch
+from hookrun.config import file as cfg
+from hookrun.engine import workdir
+from hookrun.engine.runner import Runner
 from hookrun.errors import HookrunError
-from hookrun.runner import Runner
 from hookrun.testing import isolated_env, run_cli, toy_runner_kwargs
 
 TASK = """

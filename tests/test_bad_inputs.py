@@ -20,11 +20,11 @@ import pytest
 import torch
 from pydantic import BaseModel
 
-from hookrun import config as cfg
-from hookrun.arguments import RunnerArguments
-from hookrun.discovery import installed_plugins
+from hookrun.config import file as cfg
+from hookrun.config.arguments import RunnerArguments
+from hookrun.engine.runner import Runner
 from hookrun.errors import ConfigError
-from hookrun.runner import Runner
+from hookrun.hooks.discovery import installed_plugins
 from hookrun.testing import toy_runner_kwargs, write_toy_task
 
 LONG_NAME = "n" * 256  # one byte over what ext4, XFS, Btrfs and APFS take

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hookrun import Runner
-from hookrun import checkpoint as ckpt_io
+from hookrun.checkpoint import files as ckpt_io
 from hookrun.errors import CheckpointError
 from hookrun.testing import isolated_env, toy_runner_kwargs, write_toy_task
 
@@ -53,7 +53,7 @@ def test_a_full_disk_names_the_file_and_the_os_error_and_keeps_every_older_file(
         import json, resource, signal, sys
         from pathlib import Path
         import torch
-        from hookrun import checkpoint as ckpt_io
+        from hookrun.checkpoint import files as ckpt_io
         from hookrun.errors import CheckpointError
 
         out = Path(sys.argv[1])
@@ -95,7 +95,7 @@ def test_a_real_sigint_during_a_write_is_a_keyboard_interrupt(tmp_path):
         import json, os, signal, sys, threading, time
         from pathlib import Path
         import torch
-        from hookrun import checkpoint as ckpt_io
+        from hookrun.checkpoint import files as ckpt_io
 
         out = Path(sys.argv[1])
         ckpt_io.write({"format": "hookrun/1", "x": torch.ones(10)}, out / "iter_1.pt")
@@ -176,7 +176,7 @@ def test_files_are_created_with_the_users_umask(tmp_path):
         import json, os, sys
         from pathlib import Path
         import torch
-        from hookrun import checkpoint as ckpt_io
+        from hookrun.checkpoint import files as ckpt_io
 
         out, modes = Path(sys.argv[1]), {}
         for umask in (0o022, 0o027, 0o077):

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from hookrun import Runner
-from hookrun import checkpoint as ckpt_io
-from hookrun import state as run_state
+from hookrun.checkpoint import files as ckpt_io
+from hookrun.checkpoint import state as run_state
 from hookrun.errors import CheckpointError, CheckpointMismatchError, HookrunError
 from hookrun.testing import assert_states_equal, toy_model, toy_runner_kwargs
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from _support import DIGITS, clean_env, run, write
-from hookrun.discovery import installed_plugins
-from hookrun.dispatch import hook_points
+from hookrun.hooks.discovery import installed_plugins
+from hookrun.hooks.dispatch import hook_points
 from hookrun.testing import run_cli, write_toy_task
 
 

@@ -15,10 +15,10 @@ from torch.utils.data import (
 )
 
 from hookrun import already_sharded
-from hookrun.cluster import first_host, launch_env, slurm_env
+from hookrun.checkpoint.fit import disagreement
+from hookrun.data.sharding import ShardedSampler, eval_sampler, train_sampler
+from hookrun.distributed.cluster import first_host, launch_env, slurm_env
 from hookrun.errors import ConfigError
-from hookrun.resume import disagreement
-from hookrun.sharding import ShardedSampler, eval_sampler, train_sampler
 from hookrun.testing import toy_model, toy_runner_kwargs
 
 SRUN = {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456"}

@@ -1,4 +1,4 @@
-"""hookrun.config in-process: overrides, task loading, resolved config, settings rows."""
+"""hookrun.config.file in-process: overrides, task loading, resolved config, settings rows."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from pydantic import Field
 
 from hookrun import PluginSettings
-from hookrun.config import (
+from hookrun.config.file import (
     apply_overrides,
     check_task_result,
     load,
@@ -129,8 +129,8 @@ def test_schema_accepts_the_digits_config_and_rejects_a_bad_value():
     jsonschema = pytest.importorskip("jsonschema")
     import yaml
 
-    from hookrun.config import schema
-    from hookrun.discovery import installed_plugins
+    from hookrun.config.file import schema
+    from hookrun.hooks.discovery import installed_plugins
 
     config = yaml.safe_load(
         (Path(__file__).parent.parent / "examples/digits/config.yaml").read_text()
@@ -178,7 +178,7 @@ def test_runner_section_has_the_new_arguments_with_defaults(tmp_path):
 
 
 def test_runner_section_errors_match_the_runners_own(tmp_path):
-    from hookrun.arguments import check_arguments
+    from hookrun.config.arguments import check_arguments
 
     bad = {
         "clip_grad": {"max_norm": 0, "nrom_type": 2},
@@ -213,7 +213,7 @@ def test_runner_section_errors_match_the_runners_own(tmp_path):
 def test_check_arguments_returns_the_validated_arguments(tmp_path):
     import torch
 
-    from hookrun.arguments import check_arguments
+    from hookrun.config.arguments import check_arguments
 
     args = check_arguments(work_dir=tmp_path, device=torch.device("cpu"), clip_grad=0.5, seed=2)
     assert (args.work_dir, args.device, args.seed) == (str(tmp_path), "cpu", 2)
@@ -223,7 +223,7 @@ def test_check_arguments_returns_the_validated_arguments(tmp_path):
 
 @pytest.mark.parametrize("device", ["cuda:99", "meta", "gpu"])
 def test_a_device_that_is_not_there_is_a_config_error(device):
-    from hookrun.arguments import resolve_device
+    from hookrun.config.arguments import resolve_device
 
     with pytest.raises(ConfigError, match=r"^runner\.device: .*\(got '" + device):
         resolve_device(device, 0)

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from hookrun import config as cfg
+from hookrun.config import file as cfg
 from hookrun.errors import ConfigError
 from hookrun.testing import run_cli, write_toy_task
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hookrun.discovery import installed_plugins
+from hookrun.hooks.discovery import installed_plugins
 from hookrun.testing import CONFORMANCE_CHECKS, internal_imports, is_test_file
 
 ROOT = Path(__file__).resolve().parent.parent

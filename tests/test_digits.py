@@ -10,8 +10,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from _support import DIGITS, run
-from hookrun import config as cfg
-from hookrun.lr_schedule import compute
+from hookrun.config import file as cfg
+from hookrun.config.schedule import compute
 
 EPOCHS = 3
 ITERS_PER_EPOCH = 20  # 1,257 training digits in batches of 64

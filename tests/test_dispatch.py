@@ -9,10 +9,10 @@ import pytest
 
 from _support import Tagged
 from hookrun import Priority, Runner, hookimpl
-from hookrun.dispatch import HookCaller, Impl
 from hookrun.errors import PluginError
-from hookrun.hook_stats import HookStats
-from hookrun.manager import PluginManager
+from hookrun.hooks.dispatch import HookCaller, Impl
+from hookrun.hooks.manager import PluginManager
+from hookrun.hooks.stats import HookStats
 from hookrun.testing import toy_runner_kwargs
 
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 import hookrun
-from hookrun import hookspecs
-from hookrun.config import Config, RunnerConfig
-from hookrun.discovery import installed_plugins
-from hookrun.dispatch import hook_arguments, hook_points
+from hookrun.config.file import Config, RunnerConfig
+from hookrun.hooks import specs as hookspecs
+from hookrun.hooks.discovery import installed_plugins
+from hookrun.hooks.dispatch import hook_arguments, hook_points
 from hookrun.testing import layered_venv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +146,7 @@ def cli_commands(group=None, prefix=()):
     """Every leaf command of the CLI as its words: ("plugins", "list"), ..."""
     import click
 
-    from hookrun.cli import cli
+    from hookrun.cli.commands import cli
 
     group = group or cli
     for name in group.list_commands(None):
@@ -161,7 +161,7 @@ def cli_commands(group=None, prefix=()):
 def test_every_command_has_a_page_of_its_help(words):
     from click.testing import CliRunner
 
-    from hookrun.cli import cli
+    from hookrun.cli.commands import cli
 
     page = DOCS / "commands" / (f"{'-'.join(words)}.md" if words else "index.md")
     assert page.is_file(), f"hookrun {' '.join(words)} has no page {page}"
@@ -268,7 +268,7 @@ def run_in_bash(code: str, cwd: Path, env: dict[str, str], timeout: float) -> tu
 
 def run_bash_block(code: str, cwd: Path, capsys) -> tuple[int, str]:
     """Exit code and output of a bash block (its last command's code)."""
-    from hookrun.cli import main
+    from hookrun.cli.commands import main
 
     commands = hookrun_commands(code)
     if commands is None:
@@ -389,7 +389,7 @@ def reader_env(venv: Path, sees_this_environment: bool) -> dict[str, str]:
     if sees_this_environment:
         python = layered_venv(venv, with_pip=True)
         script = venv / "bin" / "hookrun"  # what the layered packages' scripts lack
-        script.write_text(f"#!{python}\nfrom hookrun.cli import main\n\nmain()\n")
+        script.write_text(f"#!{python}\nfrom hookrun.cli.commands import main\n\nmain()\n")
         script.chmod(0o755)
     else:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

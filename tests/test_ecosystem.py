@@ -146,7 +146,7 @@ def test_pytest_plugin_changes_nothing_for_tests_that_do_not_ask(tmp_path):
         "def test_untouched(request):\n"
         "    assert request.config.pluginmanager.has_plugin('hookrun')\n"
         "    assert not any(k.startswith('HOOKRUN_') for k in os.environ)\n"
-        "    assert 'torch' not in sys.modules and 'hookrun.runner' not in sys.modules\n"
+        "    assert 'torch' not in sys.modules and 'hookrun.engine.runner' not in sys.modules\n"
     )
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_plain.py"],

@@ -15,12 +15,12 @@ from torch import nn
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from hookrun import Runner
-from hookrun.arguments import FsdpSettings
-from hookrun.cli import main as cli_main
+from hookrun.checkpoint.sharded import full_model_state
+from hookrun.checkpoint.state import load
+from hookrun.cli.commands import main as cli_main
+from hookrun.config.arguments import FsdpSettings
+from hookrun.distributed.fsdp import units_to_shard
 from hookrun.errors import CheckpointMismatchError, ConfigError
-from hookrun.fsdp import units_to_shard
-from hookrun.sharded import full_model_state
-from hookrun.state import load
 from hookrun.testing import once_per_session, run_job, toy_data
 from jobs.fsdp_job import BUILT_IN, EMA_ONLY, RUN, Block, build, model
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hookrun import Runner, hookimpl
-from hookrun.dispatch import hook_points
+from hookrun.hooks.dispatch import hook_points
 from hookrun.testing import toy_data, toy_runner_kwargs
 
 RECORDED = [h for h in hook_points() if h != "extra_models"]

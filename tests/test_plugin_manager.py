@@ -10,7 +10,7 @@ import pytest
 from _support import Tagged
 from hookrun import Plugin, PluginSettings, Priority, Runner, hookimpl
 from hookrun.errors import PluginError
-from hookrun.manager import PluginManager
+from hookrun.hooks.manager import PluginManager
 from hookrun.testing import toy_runner_kwargs
 
 PLUGIN_SOURCE = """
@@ -247,7 +247,7 @@ def test_a_plugin_with_a_folder_in_the_clone_not_installed_names_its_folder(monk
     beside the core gets that folder as its hint (the package index does not have hookrun's
     own plugins yet); any other name gets the ``pip install hookrun-<name>`` convention. The
     core keeps no list of its plugins: the clone's folders are the list."""
-    from hookrun import discovery
+    from hookrun.hooks import discovery
     from hookrun.testing import run_cli
 
     root = Path(__file__).resolve().parent.parent
@@ -277,7 +277,7 @@ def test_install_hints_follow_the_clone_folders_not_a_list(monkeypatch, tmp_path
     gives the generic hint for every name."""
     import importlib.util
 
-    from hookrun import discovery
+    from hookrun.hooks import discovery
 
     clone = tmp_path / "clone"
     (clone / "core" / "hookrun").mkdir(parents=True)
@@ -306,11 +306,11 @@ def test_disabling_one_of_hookruns_own_plugins_that_is_not_installed_is_accepted
     """`timer: false` in a config shared with an environment without the timer plugin has
     nothing to disable; enabling it, or disabling an unknown name (a typo would leave the
     plugin it meant on), stays an error."""
-    import hookrun.manager
+    import hookrun.hooks.manager
 
-    real = hookrun.manager.scan  # what the manager finds installed: all but the timer
+    real = hookrun.hooks.manager.scan  # what the manager finds installed: all but the timer
     monkeypatch.setattr(
-        hookrun.manager,
+        hookrun.hooks.manager,
         "scan",
         lambda group: ({k: v for k, v in real(group)[0].items() if k != "timer"}, {}),
     )

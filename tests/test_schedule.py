@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from hookrun import config as cfg
+from hookrun.config import file as cfg
+from hookrun.config.optimizers import build_optimizer, build_scheduler, run_length
+from hookrun.config.schedule import compute
 from hookrun.errors import ConfigError
-from hookrun.lr_schedule import compute
-from hookrun.optimizers import build_optimizer, build_scheduler, run_length
 from hookrun.testing import isolated_env, jsonl_series, run_cli, write_toy_task
 
 pytestmark = pytest.mark.usefixtures("hookrun_isolated")

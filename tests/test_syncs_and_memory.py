@@ -73,7 +73,7 @@ def test_steady_state_iterations_read_nothing_to_host(tmp_path, monkeypatch):
 
 
 def test_scalars_read_is_one_batched_transfer(monkeypatch):
-    from hookrun.scalars import ScalarStore
+    from hookrun.engine.scalars import ScalarStore
 
     store = ScalarStore(window=5)
     for i in range(12):

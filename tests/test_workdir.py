@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from hookrun import config as cfg
-from hookrun import launch, state, workdir
+from hookrun.checkpoint import state
+from hookrun.cli import prepare as launch
+from hookrun.config import file as cfg
+from hookrun.engine import workdir
+from hookrun.engine.runner import Runner
 from hookrun.errors import HookrunError
-from hookrun.runner import Runner
 from hookrun.testing import isolated_env, run_cli, toy_runner_kwargs, write_toy_task
 from hookrun.writers import JsonlWriter, TensorBoardWriter, Writer
 

@@ -235,7 +235,7 @@ def test_a_tracker_writer_without_its_library_names_the_requirement_it_declares(
     import importlib.metadata
     import importlib.util
 
-    from hookrun.discovery import WRITER_GROUP, installed
+    from hookrun.hooks.discovery import WRITER_GROUP, installed
 
     found = installed(WRITER_GROUP).get(name)
     if found is None:

@@ -11,27 +11,27 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Runner": "hookrun.runner",
-    "Plugin": "hookrun.plugin",
-    "PluginSettings": "hookrun.plugin",
-    "Priority": "hookrun.plugin",
-    "hookimpl": "hookrun.plugin",
+    "Runner": "hookrun.engine.runner",
+    "Plugin": "hookrun.hooks.plugin",
+    "PluginSettings": "hookrun.hooks.plugin",
+    "Priority": "hookrun.hooks.plugin",
+    "hookimpl": "hookrun.hooks.plugin",
     "Writer": "hookrun.writers",
     "image_uint8": "hookrun.writers",
     "checkpoint_files": "hookrun.writers",
     "checkpoint_signature": "hookrun.writers",
     "CHECKPOINT_CHOICES": "hookrun.writers",
-    "ScalarStore": "hookrun.scalars",
-    "is_distributed": "hookrun.collectives",
-    "get_rank": "hookrun.collectives",
-    "get_world_size": "hookrun.collectives",
-    "barrier": "hookrun.collectives",
-    "any_rank": "hookrun.collectives",
-    "all_reduce_sum": "hookrun.collectives",
-    "all_reduce_max": "hookrun.collectives",
-    "broadcast_from_rank_0": "hookrun.collectives",
-    "all_gather_object": "hookrun.collectives",
-    "rank_zero_only": "hookrun.collectives",
+    "ScalarStore": "hookrun.engine.scalars",
+    "is_distributed": "hookrun.distributed.collectives",
+    "get_rank": "hookrun.distributed.collectives",
+    "get_world_size": "hookrun.distributed.collectives",
+    "barrier": "hookrun.distributed.collectives",
+    "any_rank": "hookrun.distributed.collectives",
+    "all_reduce_sum": "hookrun.distributed.collectives",
+    "all_reduce_max": "hookrun.distributed.collectives",
+    "broadcast_from_rank_0": "hookrun.distributed.collectives",
+    "all_gather_object": "hookrun.distributed.collectives",
+    "rank_zero_only": "hookrun.distributed.collectives",
     "HookrunError": "hookrun.errors",
     "ConfigError": "hookrun.errors",
     "PluginError": "hookrun.errors",
@@ -40,63 +40,63 @@ _EXPORTS = {
     "metric_rule": "hookrun.direction",
     "better": "hookrun.direction",
     "resolve_rule": "hookrun.direction",
-    "format_duration": "hookrun.timefmt",
-    "batch_size": "hookrun.steps",
-    "RunnerProtocol": "hookrun.surface",
-    "LoopPosition": "hookrun.loop",
-    "Phase": "hookrun.loop",
-    "HookStats": "hookrun.hook_stats",
-    "mix_seed": "hookrun.data",
-    "loader_options": "hookrun.data",
-    "atomic_write_text": "hookrun.checkpoint",
-    "already_sharded": "hookrun.sharding",
-    "checkpoint_state_file": "hookrun.checkpoint",
-    "remove_checkpoint": "hookrun.checkpoint",
-    "SwapStack": "hookrun.swaps",
-    "swap_stack": "hookrun.swaps",
+    "format_duration": "hookrun.cli.durations",
+    "batch_size": "hookrun.engine.steps",
+    "RunnerProtocol": "hookrun.hooks.protocol",
+    "LoopPosition": "hookrun.engine.position",
+    "Phase": "hookrun.engine.position",
+    "HookStats": "hookrun.hooks.stats",
+    "mix_seed": "hookrun.data.loaders",
+    "loader_options": "hookrun.data.loaders",
+    "atomic_write_text": "hookrun.checkpoint.files",
+    "already_sharded": "hookrun.data.sharding",
+    "checkpoint_state_file": "hookrun.checkpoint.files",
+    "remove_checkpoint": "hookrun.checkpoint.files",
+    "SwapStack": "hookrun.engine.swaps",
+    "swap_stack": "hookrun.engine.swaps",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
-    from hookrun.checkpoint import atomic_write_text as atomic_write_text
-    from hookrun.checkpoint import checkpoint_state_file as checkpoint_state_file
-    from hookrun.checkpoint import remove_checkpoint as remove_checkpoint
-    from hookrun.collectives import all_gather_object as all_gather_object
-    from hookrun.collectives import all_reduce_max as all_reduce_max
-    from hookrun.collectives import all_reduce_sum as all_reduce_sum
-    from hookrun.collectives import any_rank as any_rank
-    from hookrun.collectives import barrier as barrier
-    from hookrun.collectives import broadcast_from_rank_0 as broadcast_from_rank_0
-    from hookrun.collectives import get_rank as get_rank
-    from hookrun.collectives import get_world_size as get_world_size
-    from hookrun.collectives import is_distributed as is_distributed
-    from hookrun.collectives import rank_zero_only as rank_zero_only
-    from hookrun.data import loader_options as loader_options
-    from hookrun.data import mix_seed as mix_seed
+    from hookrun.checkpoint.files import atomic_write_text as atomic_write_text
+    from hookrun.checkpoint.files import checkpoint_state_file as checkpoint_state_file
+    from hookrun.checkpoint.files import remove_checkpoint as remove_checkpoint
+    from hookrun.cli.durations import format_duration as format_duration
+    from hookrun.data.loaders import loader_options as loader_options
+    from hookrun.data.loaders import mix_seed as mix_seed
+    from hookrun.data.sharding import already_sharded as already_sharded
     from hookrun.direction import better as better
     from hookrun.direction import metric_rule as metric_rule
     from hookrun.direction import resolve_rule as resolve_rule
+    from hookrun.distributed.collectives import all_gather_object as all_gather_object
+    from hookrun.distributed.collectives import all_reduce_max as all_reduce_max
+    from hookrun.distributed.collectives import all_reduce_sum as all_reduce_sum
+    from hookrun.distributed.collectives import any_rank as any_rank
+    from hookrun.distributed.collectives import barrier as barrier
+    from hookrun.distributed.collectives import broadcast_from_rank_0 as broadcast_from_rank_0
+    from hookrun.distributed.collectives import get_rank as get_rank
+    from hookrun.distributed.collectives import get_world_size as get_world_size
+    from hookrun.distributed.collectives import is_distributed as is_distributed
+    from hookrun.distributed.collectives import rank_zero_only as rank_zero_only
+    from hookrun.engine.position import LoopPosition as LoopPosition
+    from hookrun.engine.position import Phase as Phase
+    from hookrun.engine.runner import Runner as Runner
+    from hookrun.engine.scalars import ScalarStore as ScalarStore
+    from hookrun.engine.steps import batch_size as batch_size
+    from hookrun.engine.swaps import SwapStack as SwapStack
+    from hookrun.engine.swaps import swap_stack as swap_stack
     from hookrun.errors import CheckpointError as CheckpointError
     from hookrun.errors import CheckpointMismatchError as CheckpointMismatchError
     from hookrun.errors import ConfigError as ConfigError
     from hookrun.errors import HookrunError as HookrunError
     from hookrun.errors import PluginError as PluginError
-    from hookrun.hook_stats import HookStats as HookStats
-    from hookrun.loop import LoopPosition as LoopPosition
-    from hookrun.loop import Phase as Phase
-    from hookrun.plugin import Plugin as Plugin
-    from hookrun.plugin import PluginSettings as PluginSettings
-    from hookrun.plugin import Priority as Priority
-    from hookrun.plugin import hookimpl as hookimpl
-    from hookrun.runner import Runner as Runner
-    from hookrun.scalars import ScalarStore as ScalarStore
-    from hookrun.sharding import already_sharded as already_sharded
-    from hookrun.steps import batch_size as batch_size
-    from hookrun.surface import RunnerProtocol as RunnerProtocol
-    from hookrun.swaps import SwapStack as SwapStack
-    from hookrun.swaps import swap_stack as swap_stack
-    from hookrun.timefmt import format_duration as format_duration
+    from hookrun.hooks.plugin import Plugin as Plugin
+    from hookrun.hooks.plugin import PluginSettings as PluginSettings
+    from hookrun.hooks.plugin import Priority as Priority
+    from hookrun.hooks.plugin import hookimpl as hookimpl
+    from hookrun.hooks.protocol import RunnerProtocol as RunnerProtocol
+    from hookrun.hooks.stats import HookStats as HookStats
     from hookrun.writers import CHECKPOINT_CHOICES as CHECKPOINT_CHOICES
     from hookrun.writers import Writer as Writer
     from hookrun.writers import checkpoint_files as checkpoint_files

@@ -1,5 +1,5 @@
 """``python -m hookrun`` runs the CLI (torchrun uses this form)."""
 
-from hookrun.cli import main
+from hookrun.cli.commands import main
 
 main()

@@ -60,7 +60,7 @@ def error_line(path: str, err: Any, fields: Iterable[str] = (), what: str = "set
     """One pydantic error at ``path`` as a line: an unknown ``what`` with did-you-mean among
     ``fields``, a missing setting, or the message (without pydantic's "Value error, ") and
     the value given."""
-    from hookrun.discovery import did_you_mean
+    from hookrun.hooks.discovery import did_you_mean
 
     if err["type"] == "extra_forbidden":
         key = str(err["loc"][-1]) if err["loc"] else ""

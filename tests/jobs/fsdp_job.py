@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hookrun import Runner, hookimpl
-from hookrun.fsdp import full_state_dict
+from hookrun.distributed.fsdp import full_state_dict
 from hookrun.testing import assert_states_equal, toy_model, toy_runner_kwargs
 
 

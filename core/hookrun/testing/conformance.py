@@ -16,13 +16,13 @@ from hookrun.testing.states import assert_states_equal
 from hookrun.testing.task import toy_model, toy_runner_kwargs
 
 if TYPE_CHECKING:
-    from hookrun.plugin import Plugin
-    from hookrun.runner import Runner
+    from hookrun.engine.runner import Runner
+    from hookrun.hooks.plugin import Plugin
 
 
 def plugin_class(name: str) -> type[Plugin[Any]]:
     """The installed plugin class registered as ``name`` in the ``hookrun.plugins`` group."""
-    from hookrun.discovery import installed_plugins
+    from hookrun.hooks.discovery import installed_plugins
 
     found = installed_plugins()
     assert name in found, f"no installed plugin {name!r} (installed: {sorted(found)})"
@@ -92,7 +92,7 @@ def check_state_round_trip(name: str, tmp_path: str | Path) -> None:
 
 def plugin_source_files(name: str) -> list[Path]:
     """The ``.py`` files of the package that holds the plugin (found without importing it)."""
-    from hookrun.discovery import installed_plugins
+    from hookrun.hooks.discovery import installed_plugins
 
     top = installed_plugins()[name].value.split(":")[0].split(".")[0]
     spec = importlib.util.find_spec(top)
@@ -112,7 +112,8 @@ def is_test_file(path: str | Path) -> bool:
 
 def internal_imports(source: str, *, test_file: bool = False) -> list[tuple[int, str]]:
     """``(line, hookrun.name)`` for each use in a Python source of a hookrun name outside
-    ``hookrun.__all__``: a submodule (``import hookrun.process_group``, ``from hookrun.errors
+    ``hookrun.__all__``: a submodule (``import hookrun.distributed.process_group``,
+    ``from hookrun.errors
     import x``), ``from hookrun import name`` or ``hookrun.name`` after ``import hookrun``.
     ``hookrun.__all__`` is the whole of a plugin's API; a test file may also use
     ``hookrun.testing``."""

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
 
-    from hookrun.runner import Runner
+    from hookrun.engine.runner import Runner
 
 
 class NoisyData:

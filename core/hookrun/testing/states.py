@@ -58,7 +58,7 @@ def assert_states_equal(left: Any, right: Any, path: str = "state") -> None:
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint file's contents, read on the CPU the way hookrun reads every checkpoint
     (``weights_only``; one-line errors): what a test asserts about a file on disk."""
-    from hookrun.checkpoint import load
+    from hookrun.checkpoint.files import load
 
     return load(path)
 

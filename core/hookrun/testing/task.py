@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import torch
     from torch.utils.data import DataLoader
 
-    from hookrun.runner import Runner
+    from hookrun.engine.runner import Runner
 
 _hookimpl = pluggy.HookimplMarker("hookrun")
 """The same marker as ``hookrun.hookimpl``, without importing hookrun's plugin machinery."""
@@ -214,7 +214,7 @@ def write_toy_task(folder: str | Path, config: str = "", name: str = "toy.yaml")
 def run_cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
     """``hookrun ARGS`` in this process (no interpreter start, torch already imported): the
     exit code, stdout and stderr, as a subprocess would give them."""
-    from hookrun.cli import main
+    from hookrun.cli.commands import main
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as exited:

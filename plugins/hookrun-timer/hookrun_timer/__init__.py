@@ -8,7 +8,7 @@ is an object whose ``float()`` waits for the newest event, so the one synchronis
 when the core reads its report, never in between. The values are the store's *gauges*: a
 report writes their current value. (The ETA is the core's.)
 
-An iteration's *period* and *data time* are the core clock's (see ``hookrun.clock``).
+An iteration's *period* and *data time* are the core clock's (see ``hookrun.engine.clock``).
 """
 
 from __future__ import annotations

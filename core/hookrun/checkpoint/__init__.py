@@ -1,0 +1,2 @@
+"""Checkpoint files and atomic I/O, what a checkpoint holds, resume fit checks, sharded
+folders, export."""

@@ -1,0 +1,395 @@
+"""Checkpoint files: format ``hookrun/1``, atomic writes, safe loads, RNG state.
+
+Every value is something ``torch.load(path, weights_only=True)`` accepts, so loading never
+needs (and never falls back to) unpickling arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import random
+import re
+import secrets
+import shutil
+import stat
+import warnings
+import zipfile
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookrun.engine.workdir import file_kind, open_regular, record_created
+from hookrun.errors import CheckpointError, CheckpointMismatchError
+
+FORMAT = "hookrun/1"
+
+
+def atomic_save(obj: Any, path: str | Path) -> Path:
+    """Write ``obj`` with ``torch.save`` so that ``path`` is either the old file or the new one.
+
+    A temporary file in the same folder is written, flushed and fsynced, then renamed over
+    ``path``, and the folder is fsynced so the rename itself survives a power cut. The file
+    gets the permissions of any new file under the process's umask (0644 under umask 022).
+
+    ``torch.save`` hides an exception raised by the file's ``write`` behind a
+    ``RuntimeError: [enforce fail at inline_container.cc:...]``; the original one (an
+    ``OSError`` of a full disk, a ``KeyboardInterrupt``) is raised instead.
+    """
+
+    def fill(f: Any) -> None:
+        recording = _RecordingFile(f)
+        try:
+            torch.save(obj, recording)  # type: ignore[arg-type]  # write and flush suffice
+        except BaseException as exc:
+            if recording.error is not None and recording.error is not exc:
+                raise recording.error.with_traceback(recording.error.__traceback__) from None
+            raise
+
+    return _atomic(path, fill)
+
+
+class _RecordingFile:
+    """A binary file whose ``write`` keeps the first exception it raised."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.error: BaseException | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self.f.write(data))
+        except BaseException as exc:
+            if self.error is None:
+                self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _atomic(path: str | Path, fill: Callable[[Any], object]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existed = os.path.lexists(path)
+    fd, tmp = _create_temp(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # replaces a link planted at ``path``, never its target
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    if not existed:
+        record_created(path)  # in the manifest of the work dir held, if any
+    return path
+
+
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new ``.<name>.<random>.tmp`` beside ``path``, created with mode 0666 so that the
+    kernel applies the umask (``tempfile.mkstemp`` would make it 0600)."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, _TEMP_FLAGS | getattr(os, "O_BINARY", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def write(state: dict[str, Any], path: str | Path) -> Path:
+    """Check that ``state`` will load with ``weights_only=True``, then write it atomically.
+
+    Failures raise :class:`CheckpointError` naming the file and, for an I/O error, the
+    operating system's reason (``No space left on device``); the previous file is intact.
+    A ``KeyboardInterrupt`` during the write is raised as such, the previous file intact.
+    """
+    path = Path(path)
+    problem = unsafe_value(state)
+    if problem:
+        raise CheckpointError(f"cannot save {path}: {problem}")
+    try:
+        return atomic_save(state, path)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from exc
+
+
+SHARDED_STATE_FILE = "state.pt"
+"""The file of a sharded checkpoint folder holding everything but the tensors."""
+
+
+def checkpoint_state_file(path: str | Path) -> Path:
+    """The file holding checkpoint ``path``'s non-tensor state (loop, plugins): the file
+    itself, or a sharded checkpoint folder's ``state.pt`` (both load with
+    ``torch.load(weights_only=True)``). Raises :class:`CheckpointMismatchError` when that is
+    not a regular file: a FIFO named like a checkpoint would block its reader forever."""
+    path = Path(path)
+    file = path / SHARDED_STATE_FILE if path.is_dir() else path
+    problem = not_regular(file)
+    if problem:
+        raise _unloadable(file, problem)
+    return file
+
+
+def remove_checkpoint(path: str | Path) -> None:
+    """Delete a checkpoint file or a sharded checkpoint folder (nothing when it is gone)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def atomic_write_text(text: str, path: str | Path) -> None:
+    """Replace a small text file (a pointer such as ``latest``) atomically."""
+    _atomic(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open folders
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def not_regular(path: str | Path) -> str | None:
+    """Why ``path`` (links followed) is no file to read a checkpoint from, or None: a FIFO
+    blocks its reader, a device such as ``/dev/zero`` never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # the reader names it (not found, no permission)
+    return None if stat.S_ISREG(mode) else file_kind(mode)
+
+
+def load(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``; anything else is refused. ``mmap``
+    maps the tensors instead of reading them (to look at a position or check a fit).
+
+    A file that is not a regular file (a FIFO, a device), cannot be read, is not a
+    ``torch.save`` file, holds something the ``weights_only`` loader refuses (a pickled
+    class, a ``__reduce__`` payload) or is not a ``hookrun/1`` dict raises
+    :class:`CheckpointMismatchError` with one line: ``cannot load checkpoint PATH: REASON``
+    (torch's multi-line advice condensed to its gist). Every checkpoint hookrun reads goes
+    through here.
+    """
+    try:
+        with open_regular(path) as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the reason says it
+            mmap = mmap and zipfile.is_zipfile(f)  # torch maps only its zip format
+            f.seek(0)
+            # mmap needs a name: the descriptor's own (Linux), so the file checked is the file read
+            proc = f"/proc/self/fd/{f.fileno()}"
+            source: Any = (proc if os.path.exists(proc) else str(path)) if mmap else f
+            checkpoint = torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as exc:
+        raise _unloadable(path, load_error_reason(exc, path)) from exc
+    if not isinstance(checkpoint, dict):
+        kind = type(checkpoint).__name__
+        raise _unloadable(path, f"not a hookrun checkpoint (it holds a {kind}, not a dict)")
+    if "format" not in checkpoint:
+        keys = ", ".join(map(str, list(checkpoint)[:5])) or "none"
+        raise _unloadable(path, f"not a hookrun checkpoint (a dict without 'format'; keys: {keys})")
+    if checkpoint["format"] != FORMAT:
+        raise _unloadable(path, f"format {checkpoint['format']!r} is not {FORMAT!r}")
+    return checkpoint
+
+
+def _unloadable(path: str | Path, reason: str) -> CheckpointMismatchError:
+    return CheckpointMismatchError(
+        f"cannot load checkpoint {path}: {reason}", path=path, reason=reason
+    )
+
+
+_ENFORCE = re.compile(r"^\[enforce fail at [^\]]*\]\s*\.?\s*")
+_WEIGHTS_ONLY_NOISE = (
+    "Weights only load failed",
+    "Check the documentation of torch.load",
+    "Please file an issue",
+)
+
+
+def load_error_reason(exc: BaseException, path: str | Path) -> str:
+    """One line for an exception of ``torch.load``: what is wrong with the file."""
+    if isinstance(exc, pickle.UnpicklingError) and "Weights only load failed" in str(exc):
+        lines = [line.strip() for line in str(exc).splitlines()]
+        gist = [
+            line.partition("WeightsUnpickler error:")[2].strip() or line
+            for line in lines
+            if line and (not line.startswith(_WEIGHTS_ONLY_NOISE) or "error:" in line)
+        ]
+        gist = [line for line in gist if line and not line.startswith(_WEIGHTS_ONLY_NOISE)]
+        return f"not a hookrun checkpoint (weights_only load refused: {_short(' '.join(gist))})"
+    if isinstance(exc, OSError) and exc.errno != errno.EINVAL:  # not found, no permission
+        return exc.strerror or _short(str(exc)) or type(exc).__name__
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = -1
+    if size == 0:
+        return "the file is empty (0 bytes)"
+    if isinstance(exc, EOFError):
+        return f"the file ends too early ({size} bytes; truncated?)"
+    if isinstance(exc, OSError):  # EINVAL: the zip reader seeking before the start of a cut file
+        return f"damaged, or not a torch.save file (reading it failed: {exc.strerror or exc})"
+    text = _short(_ENFORCE.sub("", str(exc).strip().splitlines()[0] if str(exc).strip() else ""))
+    if "PytorchStreamReader" in text or "archive" in text or "zip" in text.lower():
+        return f"damaged, or not a torch.save file ({text})"
+    if isinstance(exc, pickle.UnpicklingError):
+        return f"not a torch.save file ({text or type(exc).__name__})"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """The first sentence of ``text`` when it is long, at most ``limit`` characters."""
+    text = " ".join(text.split())
+    if len(text) > limit or ". " in text:
+        first = text.split(". ")[0]
+        text = first if first else text
+    text = text.rstrip(".")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def candidates(folder: Path, report: Callable[[str], None] | None = None) -> list[Path]:
+    """Checkpoint files (``*.pt``) and sharded checkpoint folders (named the same way) in
+    ``folder``, newest first.
+
+    A ``latest`` text file naming a checkpoint of the folder puts that one first; the rest
+    go by modification time, ties broken by the numbers in their names (iter_10 > iter_8).
+    ``latest`` is trusted with nothing: unless it holds one plain file name (no ``/``,
+    ``\\`` or ``..``) of a ``*.pt`` file of the folder it is ignored, and ``report`` says why.
+    Anything else named ``*.pt`` (a FIFO, a device, a link to one) is skipped, and ``report``
+    names it and what it is.
+    """
+    if not folder.is_dir():
+        return []
+    files = []
+    for path in folder.glob("*.pt"):
+        problem = None if path.is_dir() else not_regular(path)  # dirs: sharded checkpoints
+        if problem is None and os.path.exists(path):
+            files.append(path)
+        elif problem is not None and report is not None:
+            report(f"skipping {path}: {problem}")
+    files.sort(key=lambda p: (p.stat().st_mtime_ns, _natural(p.name)), reverse=True)
+    pointer = folder / "latest"
+    if pointer.is_file():
+        named, problem = _pointer_name(pointer)
+        if named is not None and folder / named in files:
+            files.remove(folder / named)
+            files.insert(0, folder / named)
+        elif report is not None:
+            report(f"ignoring {pointer}: {problem or f'{named!r} is not a checkpoint here'}")
+    return files
+
+
+def pointed(folder: Path) -> str | None:
+    """The plain file name the ``latest`` pointer of ``folder`` holds, if it holds one."""
+    pointer = folder / "latest"
+    return _pointer_name(pointer)[0] if pointer.is_file() else None
+
+
+def _pointer_name(pointer: Path) -> tuple[str | None, str]:
+    """The plain file name ``pointer`` holds, or None and why not."""
+    try:
+        with open_regular(pointer) as f:
+            raw = f.read(4097)
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    if len(raw) > 4096:
+        return None, "it is not a file name (over 4 KiB)"
+    try:
+        name = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None, "it is not text"
+    if not name:
+        return None, "it is empty"
+    if not name.isprintable() or "/" in name or "\\" in name or name in (".", ".."):
+        return None, f"{name!r} is not a plain file name"
+    return name, ""
+
+
+def _natural(name: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy and torch (CPU and CUDA) generator states as tensors and plain types."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": torch.tensor(internal), "gauss": gauss},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    try:
+        import numpy as np
+    except ImportError:
+        return state
+    kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state["numpy"] = {
+        "kind": str(kind),
+        "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
+    torch.set_rng_state(state["torch"].cpu())
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    if "numpy" in state:
+        import numpy as np
+
+        npst = state["numpy"]
+        key = npst["key"].numpy().astype("uint32")
+        np.random.set_state(
+            (npst["kind"], key, npst["pos"], npst["has_gauss"], npst["cached_gaussian"])
+        )
+
+
+SAFE_SCALARS = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+SAFE_MAPPINGS = (dict, OrderedDict, Counter)
+"""Mappings the weights-only loader rebuilds as themselves: ``Counter`` holds the milestones
+of a ``MultiStepLR`` (also nested in ``SequentialLR``/``ChainedScheduler`` states)."""
+
+
+def unsafe_value(obj: Any, where: str = "checkpoint") -> str | None:
+    """Where ``obj`` holds something ``weights_only=True`` loading would refuse, or None."""
+    if isinstance(obj, torch.Tensor) or type(obj) in SAFE_SCALARS:  # exact: np.float64 is a float
+        return None
+    if type(obj) in (list, tuple):
+        items: Any = enumerate(obj)
+    elif type(obj) in SAFE_MAPPINGS:
+        items = obj.items()
+        for key in obj:
+            if not isinstance(key, (str, int)):
+                return f"{where} has a key of type {type(key).__name__}: {key!r}"
+    else:
+        return (
+            f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}, which "
+            "torch.load(weights_only=True) refuses; store tensors, numbers, strings, lists, dicts"
+        )
+    for key, value in items:
+        problem = unsafe_value(value, f"{where}[{key!r}]")
+        if problem:
+            return problem
+    return None

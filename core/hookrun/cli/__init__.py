@@ -1,0 +1,1 @@
+"""The click commands, console rendering and scaffolding."""

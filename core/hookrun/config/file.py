@@ -1,0 +1,406 @@
+"""The YAML config file: parsed, overridden with ``--set``, validated as a whole.
+
+Every mistake in the file is collected before any work starts and reported as one line
+each, dotted path first (``plugins.ema.decay: Input should be less than 1 (got 1.5)``).
+Plugin sections are checked by the plugin manager, with each plugin's own ``Settings``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from hookrun.config.arguments import error_lines, path_problem
+from hookrun.config.model import Config, RunnerConfig
+from hookrun.config.optimizers import (
+    optimizer_errors,
+    schedule_errors,
+    scheduler_errors,
+)
+from hookrun.config.schema import schema, settings_rows
+from hookrun.config.task import (
+    check_task,
+    check_task_result,
+    load_task,
+    resolve_task_file,
+    split_task,
+    task_args_errors,
+)
+from hookrun.errors import ConfigError, HookrunError, validation_lines
+
+# the CLI, the docs and the tests import these from here
+__all__ = [
+    "Config",
+    "LoadedConfig",
+    "RunnerConfig",
+    "apply_overrides",
+    "check_task_result",
+    "load",
+    "load_task",
+    "schema",
+    "settings_rows",
+    "validate",
+]
+
+
+@dataclass
+class LoadedConfig:
+    """A validated config: ``data`` holds every key with defaults filled in."""
+
+    path: Path
+    data: dict[str, Any]
+
+    @property
+    def runner(self) -> dict[str, Any]:
+        return self.data["runner"]
+
+    @property
+    def work_dir(self) -> Path:
+        return Path(self.runner["work_dir"])
+
+    def resolved(self) -> dict[str, Any]:
+        """The config to save beside the run: task and work_dir as absolute paths, so the
+        saved file works from any folder."""
+        data = yaml.safe_load(yaml.safe_dump(self.data))
+        target, attr = split_task(data["task"])
+        if target.endswith(".py"):
+            data["task"] = f"{resolve_task_file(target, self.path)}:{attr}"
+        data["runner"]["work_dir"] = str(self.work_dir.resolve())
+        return data
+
+
+def load(
+    path: str | Path, overrides: Sequence[str] = (), work_dir: str | Path | None = None
+) -> LoadedConfig:
+    """Read, override and validate a config file; raises ConfigError with every problem."""
+    path = Path(path)
+    raw = read_yaml(path)
+    errors = apply_overrides(raw, overrides)
+    if work_dir is not None:
+        runner = raw.setdefault("runner", {})
+        if isinstance(runner, dict):
+            runner["work_dir"] = str(work_dir)
+    errors += validate(raw, path)
+    if errors:
+        raise ConfigError(errors)
+    data = Config.model_validate(raw).model_dump(mode="json", exclude_none=False)
+    for section in ("optimizer", "scheduler"):  # keywords as given: no pydantic defaults
+        if data[section] is not None:
+            data[section] = raw[section]
+    interval = (raw.get("scheduler") or {}).get("interval")
+    if interval:  # one source: the runner steps the schedule at its section's interval
+        data["runner"]["scheduler_interval"] = interval
+    return LoadedConfig(path=path, data=data)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """The config file as a mapping; any reason it cannot be read is one line naming it."""
+    try:
+        if not path.exists():
+            raise ConfigError(f"{path}: config file not found")
+        if not path.is_file():  # a folder, a FIFO (reading it would wait forever), a device
+            raise ConfigError(f"{path}: not a regular file; name the config file")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte {raw[exc.start]:#04x}); save the file as UTF-8"
+        ) from None
+    try:
+        data = load_yaml(text)
+    except yaml.reader.ReaderError as exc:  # a control character
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(
+            f"{path}:{line}: invalid YAML: control character #x{exc.character:04x} is not allowed"
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        kind = "" if isinstance(exc, _Refused) else "invalid YAML: "
+        raise ConfigError(f"{where}: {kind}{problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys (task, runner, plugins, ...)")
+    return data
+
+
+MAX_DEPTH = 100
+"""The deepest nesting of mappings and lists a config file (or a ``--set`` value) may hold;
+deeper is refused while the file is read (Python's own limit would end in a traceback)."""
+
+MAX_ALIAS_VALUES = 100_000
+"""How many values (scalars, lists, mappings) the aliases of one file may stand for in all,
+each alias counted as a copy of what it names: a "billion laughs" file of a few hundred bytes
+is refused while it is read, in bounded time and memory."""
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """YAML that parses but that hookrun refuses to read (too deep, aliases beyond the bound,
+    a key given twice); ``problem`` is the whole message."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing while it composes the document, before any value is
+    built: nesting deeper than :data:`MAX_DEPTH`, aliases standing for more than
+    :data:`MAX_ALIAS_VALUES` values, an alias inside the value it names, and a key given
+    twice in one mapping (PyYAML keeps the last silently)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliased = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> values it stands for, aliases expanded
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):
+            anchor = self.peek_event().anchor
+            node = super().compose_node(parent, index)
+            size = self._sizes.get(id(node))
+            if size is None:
+                problem = f"alias *{anchor} is used inside the value it names"
+                raise _Refused(None, None, problem, mark)
+            self._aliased += size
+            if self._aliased > MAX_ALIAS_VALUES:
+                raise _Refused(
+                    None,
+                    None,
+                    f"aliases stand for more than {MAX_ALIAS_VALUES:,} values (at *{anchor}); "
+                    "write the values out or use fewer aliases",
+                    mark,
+                )
+            return node
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _Refused(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+            _check_keys(node)
+        self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in children)
+        return node
+
+
+def _check_keys(node: yaml.MappingNode) -> None:
+    """A key given twice in one mapping; keys merged in with ``<<`` may repeat (they are
+    overridden by design)."""
+    seen: dict[tuple[str, str], Any] = {}
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        first = seen.get((key.tag, key.value))
+        if first is None:
+            seen[(key.tag, key.value)] = key.start_mark
+        else:
+            raise _Refused(
+                None,
+                None,
+                f"duplicate key {key.value!r} (first at line {first.line + 1}); give each key once",
+                key.start_mark,
+            )
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` as YAML through :class:`_BoundedLoader` (safe tags only)."""
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> list[str]:
+    """Apply ``a.b=value`` overrides in place (values parsed as YAML); returns errors."""
+    errors = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        keys = key.strip().split(".")
+        if not sep or not all(keys):
+            errors.append(f"--set {item}: expected KEY=VALUE with a dotted KEY (a.b=1)")
+            continue
+        try:
+            value = load_yaml(text)
+        except _Refused as exc:
+            errors.append(f"--set {key.strip()}: {exc.problem}")
+            continue
+        except yaml.YAMLError:
+            errors.append(f"--set {item}: value is not valid YAML")
+            continue
+        node = data
+        for depth, part in enumerate(keys[:-1]):
+            child = node.get(part)
+            if child is None or isinstance(child, bool):  # `ema: true` -> `ema: {decay: ...}`
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                errors.append(f"--set {item}: {'.'.join(keys[: depth + 1])} is not a mapping")
+                break
+            node = child
+        else:
+            node[keys[-1]] = value
+    return errors
+
+
+def validate(raw: dict[str, Any], path: Path) -> list[str]:
+    """Every error of the file: structure and runner, task target, writers, plugins."""
+    errors: list[str] = []
+    refused: set[tuple[Any, ...]] = set()  # what pydantic refused: no cross-check reads it
+    try:
+        config = Config.model_validate(raw)
+    except ValidationError as exc:
+        errors += _lines(exc)
+        refused = {tuple(err["loc"][:2]) for err in exc.errors()}
+        config = None
+    task = raw.get("task")
+    if isinstance(task, str) and ("task",) not in refused:
+        found = check_task(task, path)
+        errors += found or task_args_errors(task, path, raw.get("task_args", {}))
+    runner = raw.get("runner")
+    if isinstance(runner, dict) and "writers" in runner:
+        from hookrun.writers import writer_errors
+
+        errors += writer_errors(runner["writers"])
+    runner = runner if isinstance(runner, dict) else {}
+    if config is not None:
+        errors += device_errors(config.runner)
+        errors += work_dir_errors(config.runner.work_dir)
+    if not refused & {("runner", "scheduler_interval"), ("scheduler", "interval")}:
+        errors += _interval_errors(raw.get("scheduler"), runner)
+    optimizer = optimizer_errors(raw["optimizer"]) if "optimizer" in raw else []
+    scheduler = scheduler_errors(raw["scheduler"]) if "scheduler" in raw else []
+    if config is not None and config.scheduler is not None:
+        tried = not optimizer and not scheduler and config.optimizer is not None
+        declared = raw["optimizer"] if tried else None  # the throwaway optimizer's section
+        errors += schedule_errors(raw["scheduler"], config.runner.model_dump(), declared)
+    errors += optimizer + scheduler
+    plugins = raw.get("plugins")
+    if isinstance(plugins, dict):
+        errors += check_plugins(plugins)
+    return errors if errors or config is not None else ["config: invalid"]
+
+
+def device_errors(runner: RunnerConfig) -> list[str]:
+    """A device that is not here (``cuda`` without CUDA, an index beyond the GPUs, ``meta``)
+    and what the device cannot serve (``amp: fp16``, ``sync_bn`` without CUDA), as the
+    Runner finds them; torch is imported only for a device other than ``auto`` and ``cpu``
+    or for one of those settings."""
+    if runner.device in ("auto", "cpu") and runner.amp != "fp16" and not runner.sync_bn:
+        return []
+    from hookrun.config.arguments import device_feature_errors, resolve_device
+
+    try:
+        device = resolve_device(runner.device, int(os.environ.get("LOCAL_RANK", "0") or 0))
+    except ConfigError as exc:
+        return exc.lines
+    return device_feature_errors(runner.amp, runner.sync_bn, runner.strategy, device)
+
+
+def work_dir_errors(work_dir: str) -> list[str]:
+    """Whether the run can create and write its folder (:func:`place_errors`)."""
+    return place_errors("runner.work_dir", work_dir, folder=True)
+
+
+def place_errors(where: str, path: str | Path, folder: bool) -> list[str]:
+    """Whether hookrun can create and write ``path``, a folder (``folder``) or a file: a name
+    file systems take, no file where the folder goes (no folder where the file goes), and its
+    nearest existing ancestor (or itself) a folder this process may write in, on a file
+    system that is writable and not full. Nothing is created. ``where`` names the setting or
+    argument in the line; the work dir, ``export``'s OUT, ``schedule --plot`` and ``plugins
+    new --dir`` are checked here."""
+    problem = path_problem(str(path))
+    if problem:
+        return [f"{where}: {problem} (got {str(path)!r})"]
+    try:
+        return _place_errors(where, Path(path), folder)
+    except OSError as exc:  # e.g. a folder on the way this process may not look into
+        return [f"{where}: cannot check {path}: {exc.strerror}"]
+
+
+def _place_errors(where: str, path: Path, folder: bool) -> list[str]:
+    if path.exists():
+        if folder and not path.is_dir():
+            return [f"{where}: {path} exists and is not a folder"]
+        if not folder and path.is_dir():
+            return [f"{where}: {path} is a folder; name the file to write"]
+        existing = path if folder else path.parent  # a file is replaced in its folder
+    else:
+        existing = path.parent
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+        if not existing.is_dir():
+            return [f"{where}: cannot create {path}: {existing} is a file, not a folder"]
+    try:
+        stat = os.statvfs(existing)
+    except OSError:
+        stat = None
+    if stat is not None and stat.f_flag & os.ST_RDONLY:
+        return [f"{where}: cannot write in {existing}: read-only file system"]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"{where}: cannot write in {existing}: permission denied"]
+    if stat is not None and stat.f_bavail * stat.f_frsize < 2**20:
+        return [f"{where}: no space left on the device holding {existing}"]
+    return []
+
+
+def _interval_errors(scheduler: Any, runner: dict[str, Any]) -> list[str]:
+    """The schedule's interval is said once: in ``scheduler.interval`` or the runner's."""
+    own = scheduler.get("interval") if isinstance(scheduler, dict) else None
+    other = runner.get("scheduler_interval")
+    if own and other and own != other:
+        return [
+            f"scheduler.interval: {own!r} contradicts runner.scheduler_interval {other!r}; "
+            "keep one of them"
+        ]
+    return []
+
+
+def _lines(exc: ValidationError) -> list[str]:
+    """pydantic errors as lines; the runner section's through ``hookrun.config.arguments`` (as the
+    Runner reports them), the rest with did-you-mean against the top-level keys."""
+    lines = []
+    for err in exc.errors():
+        loc = err["loc"]
+        if len(loc) > 1 and loc[0] == "runner":
+            lines += error_lines([{**err, "loc": loc[1:]}])
+        elif err["type"] == "string_pattern_mismatch" and loc == ("task",):
+            lines.append(
+                "task: expected 'module:callable' or 'path/to/file.py:callable' "
+                f"(got {err['input']!r})"
+            )
+        else:
+            lines += validation_lines(_OneError(err), "", Config.model_fields)
+    return lines
+
+
+class _OneError:
+    """Feeds one pydantic error to ``validation_lines``."""
+
+    def __init__(self, err: Any) -> None:
+        self.err = err
+
+    def errors(self) -> list[Any]:
+        return [self.err]
+
+
+def check_plugins(plugins: dict[str, Any]) -> list[str]:
+    """Run the plugin manager's own selection and validation; collect its lines."""
+    from hookrun.hooks.manager import PluginManager
+
+    try:
+        PluginManager(plugins)
+    except HookrunError as exc:
+        return exc.lines
+    return []

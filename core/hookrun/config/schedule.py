@@ -1,0 +1,228 @@
+"""``hookrun schedule``: the learning rate (and momentum) of every iteration of a run,
+computed by stepping the run's own optimizer and scheduler as the training loop does,
+without a forward or backward pass; a compact console table and an optional PNG.
+
+Also how a resumed run continues its schedule (:func:`continue_schedule`): a longer run is
+a longer schedule, so what ``hookrun schedule`` shows for the resumed config is what the
+run logs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hookrun.engine.position import DEFAULT_MAX_EPOCHS, Phase, group_ends, groups_closed
+from hookrun.errors import HookrunError
+
+if TYPE_CHECKING:
+    import torch
+
+    from hookrun.config.file import LoadedConfig
+
+PLOT_EXTRA = "pip install 'hookrun[plot]'"
+
+
+def check_plot_extra() -> None:
+    """``--plot`` needs matplotlib (the ``plot`` extra): say so before any work."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise HookrunError(
+            f"--plot: needs matplotlib, which is not installed; install the extra: {PLOT_EXTRA}"
+        )
+
+
+def compute(loaded: LoadedConfig) -> list[ScheduledIter]:
+    """Build the task (model, loaders, optimizer, schedule) as ``hookrun train`` does and
+    step its schedule through the whole run."""
+    from hookrun.cli.build import build_task
+
+    objects = build_task(loaded, training=True)
+    runner = loaded.runner
+    batches = len(objects["train_dataloader"])
+    max_iters = runner["max_iters"] or (runner["max_epochs"] or DEFAULT_MAX_EPOCHS) * batches
+    return list(
+        simulate(
+            objects["optimizer"],
+            objects.get("scheduler"),
+            batches,
+            max_iters,
+            runner["grad_accum"],
+            runner["scheduler_interval"],
+        )
+    )
+
+
+@dataclass(frozen=True)
+class ScheduledIter:
+    """The learning rates (and momenta) one training iteration steps with."""
+
+    iter: int  # 1-based: the ``step`` a JSONL record of this iteration carries
+    epoch: int
+    lrs: tuple[float, ...]
+    momenta: tuple[float, ...]
+
+
+def simulate(
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    batches_per_epoch: int,
+    max_iters: int,
+    grad_accum: int,
+    interval: str,
+) -> Iterator[ScheduledIter]:
+    """Step ``scheduler`` as the training loop does (after each optimizer step, or after
+    each complete epoch), with no gradient and so no change to any weight; yield every
+    iteration's learning rates. ``optimizer.step()`` with no gradients is a no-op."""
+    done, epoch = 0, 0
+    while done < max_iters:
+        for batch_idx in range(batches_per_epoch):
+            groups = optimizer.param_groups
+            yield ScheduledIter(
+                done + 1,
+                epoch,
+                tuple(float(g["lr"]) for g in groups),
+                tuple(_momentum(g) for g in groups if _momentum(g) is not None),  # type: ignore[misc]
+            )
+            done += 1
+            boundary = group_ends(batch_idx + 1, batches_per_epoch, grad_accum)
+            if boundary and interval == "iter" and scheduler is not None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    optimizer.step()
+                    scheduler.step()
+            if done >= max_iters:
+                break
+        else:
+            if interval == "epoch" and scheduler is not None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    optimizer.step()
+                    scheduler.step()
+        epoch += 1
+
+
+#: Entries of a scheduler's state that count its progress; the others describe the schedule
+#: (``T_cur`` and ``T_i``: where ``CosineAnnealingWarmRestarts`` stands in its cycle).
+PROGRESS = frozenset(
+    {"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial"}
+    | {"T_cur", "T_i"}
+)
+
+
+def continue_schedule(runner: Any, saved: Mapping[str, Any]) -> str | None:
+    """Continue ``saved`` (a checkpoint's scheduler state) with ``runner.scheduler``, the one
+    this run built and has not stepped, once the run's position is restored. The same
+    schedule is loaded as saved (exact). A schedule that differs (``auto`` lengths, warm-up
+    or total steps recomputed for another ``max_epochs``/``max_iters`` or number of ranks, or
+    values changed in the config) is this run's, stepped from its start to the run's
+    position, so each later iteration's learning rate is the one ``hookrun schedule`` gives
+    for it. Returns the line that says so then."""
+    import torch
+
+    scheduler = runner.scheduler
+    plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    if plateau or _described(scheduler.state_dict()) == _described(saved):
+        scheduler.load_state_dict(saved)
+        return None
+    steps = steps_taken(runner)
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        group["lr"] = lr  # the optimizer's state brought the saved schedule's rate
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "step() before optimizer.step()": none is due
+            for _ in range(steps - int(scheduler.last_epoch)):
+                scheduler.step()
+    except Exception as exc:
+        raise HookrunError(
+            f"scheduler: the schedule of this run's settings cannot continue at step {steps}: {exc}"
+        ) from None
+    return (
+        "the schedule differs from the checkpoint's (the run's length or the scheduler's "
+        f"settings): it continues at step {steps} of this run's schedule, as `hookrun "
+        "schedule` shows it"
+    )
+
+
+def steps_taken(runner: Any) -> int:
+    """The schedule's steps the training loop takes up to ``runner.position``: one per
+    accumulation group (an epoch's last batch closes one) or per complete epoch."""
+    pos, per_epoch = runner.position, runner._batches_per_epoch()
+    done = pos.batch >= per_epoch
+    if runner.scheduler_interval == "epoch":
+        return pos.epoch + int(done and pos.phase is not Phase.TRAIN)
+    return groups_closed(pos.epoch, pos.batch, per_epoch, runner.grad_accum)
+
+
+def _described(state: Any) -> Any:
+    """``state`` without its progress, tensors as lists, for comparing two schedules."""
+    import torch
+
+    if isinstance(state, Mapping):
+        return {k: _described(v) for k, v in state.items() if k not in PROGRESS}
+    if isinstance(state, (list, tuple)):
+        return [_described(v) for v in state]
+    if isinstance(state, torch.Tensor):
+        return state.tolist()
+    return state
+
+
+def _momentum(group: Mapping[str, Any]) -> float | None:
+    if "betas" in group:
+        return float(group["betas"][0])
+    if "momentum" in group:
+        return float(group["momentum"])
+    return None
+
+
+def table_rows(steps: list[ScheduledIter], rows: int = 16) -> list[list[str]]:
+    """About ``rows`` iterations, evenly spread, with the first and last and every one at
+    which the learning rate stops rising (a warm-up's end)."""
+    if not steps:
+        return []
+    picked = {0, len(steps) - 1}
+    picked |= {round(i * (len(steps) - 1) / (rows - 1)) for i in range(rows)}
+    picked |= {
+        i for i in range(1, len(steps) - 1) if steps[i - 1].lrs < steps[i].lrs >= steps[i + 1].lrs
+    }
+    table = []
+    for i in sorted(picked):
+        step = steps[i]
+        row = [str(step.iter), str(step.epoch), _numbers(step.lrs)]
+        if any(s.momenta for s in steps):
+            row.append(_numbers(step.momenta))
+        table.append(row)
+    return table
+
+
+def plot(steps: list[ScheduledIter], path: Path, title: str) -> None:
+    """The learning rate (and momentum, on a second axis) over the run's iterations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 4))
+    iters = [s.iter for s in steps]
+    for group in range(len(steps[0].lrs) if steps else 0):
+        axis.plot(iters, [s.lrs[group] for s in steps], label=f"lr group {group}")
+    axis.set_xlabel("iteration")
+    axis.set_ylabel("learning rate")
+    axis.set_title(title)
+    if steps and steps[0].momenta:
+        other = axis.twinx()
+        other.plot(iters, [s.momenta[0] for s in steps], color="grey", linestyle="--")
+        other.set_ylabel("momentum", color="grey")
+    axis.legend(loc="upper right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _numbers(values: tuple[float, ...]) -> str:
+    shown = dict.fromkeys(f"{v:.6g}" for v in values)
+    return " / ".join(shown) if shown else "-"

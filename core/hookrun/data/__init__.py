@@ -1,0 +1,1 @@
+"""Loaders, samplers and sharding, batch moves."""

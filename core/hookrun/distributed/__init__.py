@@ -1,0 +1,1 @@
+"""Process groups, collectives, cluster environments, FSDP."""

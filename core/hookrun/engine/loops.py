@@ -1,0 +1,378 @@
+"""The training and evaluation loops: which hook fires when, over a saved position.
+
+The training loop is one state machine over :class:`~hookrun.engine.position.LoopPosition`, which is
+what makes mid-epoch resume exact. The step itself (backward, optimizer) is
+:class:`~hookrun.engine.optimizer_step.OptimizerStep`'s;
+what a batch means is :mod:`hookrun.engine.steps`'.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.distributed.algorithms.join import Join
+
+from hookrun.data.sharding import last_batch
+from hookrun.distributed import fsdp, process_group
+from hookrun.engine.optimizer_step import TailJoin
+from hookrun.engine.position import LoopPosition, Phase, group_done, group_ends
+from hookrun.engine.steps import (
+    MetricMeans,
+    batch_size,
+    evaluation_values,
+    to_device,
+    training_losses,
+)
+from hookrun.errors import ConfigError
+
+
+class TrainLoop:
+    """Epochs of training iterations with validation as scheduled, from ``runner.position``."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.hooks = runner.hooks
+        self.loader = runner._loaders["train"]
+        self.stop = runner.stop_signals
+        self.stop_saved = False
+
+    def run(self) -> None:
+        runner, loader = self.runner, self.loader
+        per_epoch = len(loader)
+        if per_epoch == 0:
+            raise ConfigError("train_dataloader: yields no batches")
+        pos: LoopPosition = runner.position
+        by_epoch = runner.by_epoch
+        # a save at a group's end, taken before the validation due there (a stop signal's)
+        pending_val = self.validation_waiting() and pos.closes_group
+        runner.stop_training = False
+        runner.reporter.start(pos.iter)
+        while not self.finished():
+            if pos.phase is Phase.TRAIN or (not by_epoch and pos.phase is Phase.VALIDATED):
+                if pending_val:
+                    self.validate()
+                    pending_val = False
+                if pos.batch < per_epoch and not runner.stop_training and not self.iters_done():
+                    runner.unwrapped_model.train()
+                    self.hooks.before_train_epoch(runner=runner)
+                    self.train_epoch(pos.batch, per_epoch)
+                self.end_epoch(per_epoch)
+            if self.stop.agreed is None and self.epoch_validation_due():
+                self.validate()
+            if runner.stop_training or self.iters_done() or self.stopping():
+                break
+            pos.next_epoch()
+
+    def finished(self) -> bool:
+        """Whether the position restored (or reached) leaves nothing to do."""
+        runner, pos = self.runner, self.runner.position
+        if runner.by_epoch:
+            last = runner.max_epochs
+            return pos.epoch >= last or (pos.epoch + 1 == last and pos.phase is Phase.VALIDATED)
+        return pos.iter >= runner.max_iters and pos.phase is not Phase.TRAIN
+
+    def validation_waiting(self) -> bool:
+        """Whether a validation of an iteration-based run fell due in the current accumulation
+        group, up to the position, and has not run: validation waits for the group's end,
+        so the checkpoints taken with it (a best file) hold no partial gradients."""
+        runner, pos = self.runner, self.runner.position
+        if runner.by_epoch or pos.phase is not Phase.TRAIN or pos.batch == 0:
+            return False
+        in_group = group_done(pos.batch, runner.grad_accum)
+        return any(runner.validation_schedule.due(pos.iter - k) for k in range(in_group))
+
+    def iters_done(self) -> bool:
+        runner = self.runner
+        return not runner.by_epoch and runner.position.iter >= runner.max_iters
+
+    def epoch_validation_due(self) -> bool:
+        """After a whole epoch of an epoch-based run; also when a hook stopped training at
+        the epoch's end (docs/hooks.md), not when it stopped mid-epoch."""
+        runner, pos = self.runner, self.runner.position
+        if not runner.by_epoch or pos.phase is not Phase.TRAINED:
+            return False
+        return runner.validation_schedule.due(pos.epoch + 1)
+
+    def train_epoch(self, skip: int, per_epoch: int) -> None:
+        runner, hooks, pos = self.runner, self.hooks, self.runner.position
+        device = runner.device
+        move = device.type != "cpu"  # loaders yield CPU tensors; moving them to CPU is a no-op
+        by_iters = not runner.by_epoch  # only iteration-based runs validate or end mid-epoch
+        reporter, schedule = runner.reporter, runner.validation_schedule
+        interval, last = reporter.interval, reporter.last
+        step = TrainStep(runner, per_epoch)
+        stop = self.stop
+        agree = reporter.agree_ranks if runner.world_size > 1 else None
+        accum = runner.grad_accum
+        val_due = self.validation_waiting()  # resumed inside a group
+        before_iter = hooks.before_train_iter if hooks.before_train_iter.used else None
+        after_iter = hooks.after_train_iter if hooks.after_train_iter.used else None
+        clock = runner.clock  # read inline: a method call per iteration costs a microsecond
+        record, now, world = clock.pending.append, time.perf_counter, runner.world_size
+        mark = since = now()  # the previous iteration's end; the end of its hooks
+        batches: Iterable[Any] = self.loader.epoch_iter(pos.epoch, skip)
+        step.uneven, short = last_batch(self.loader, pos.epoch)
+        if short:  # this rank's share ends a batch early: it joins the last iteration
+            batches = itertools.chain(batches, [None])  # without a batch
+        for batch_idx, batch in enumerate(batches, start=skip):
+            arrived = now()
+            first = batch[0] if type(batch) in (tuple, list) and batch else batch
+            count = first.shape[0] if type(first) is torch.Tensor and first.ndim else 0
+            count = count or (batch_size(batch) if batch is not None else 0)
+            if move:
+                batch = to_device(batch, device)
+            pos.closes_group = group_end = group_ends(batch_idx + 1, per_epoch, accum)
+            if before_iter is not None:
+                before_iter(runner=runner, batch_idx=batch_idx, batch=batch)
+            done = pos.iter + 1
+            report = done % interval == 0 or batch_idx + 1 == per_epoch or done == last
+            if report:
+                reporter.keep_lrs()
+            outputs = step(batch, batch_idx)
+            ended = now()
+            record((ended - mark, arrived - since, count * world))
+            mark = since = ended
+            if after_iter is not None:
+                after_iter(runner=runner, batch_idx=batch_idx, batch=batch, outputs=outputs)
+                since = now()
+            pos.iter_ending = False
+            if report:
+                paused = now()
+                if agree is not None:
+                    agree()
+                reporter.report(done)
+                paused = now() - paused  # reports are cut out of the next period
+                mark, since = mark + paused, since + paused
+            # a stop and a validation wait for the accumulation group's end: partial gradients
+            # are not saved, so the checkpoints taken then would not resume exactly
+            halt = stop.agreed is not None and group_end
+            ending = runner.stop_training or halt or (by_iters and self.iters_done())
+            val_due = val_due or (by_iters and schedule.due(done))
+            if val_due and not halt and (group_end or ending):
+                val_due = False
+                paused = now()
+                self.validate()
+                paused = now() - paused
+                mark, since = mark + paused, since + paused
+            if ending or runner.stop_training:
+                break
+        self.stopping()
+
+    def end_epoch(self, per_epoch: int) -> None:
+        """Close an epoch; one cut short by ``stop_training`` stays resumable mid-epoch."""
+        runner, pos = self.runner, self.runner.position
+        complete = pos.batch >= per_epoch
+        if complete and runner.scheduler is not None and runner.scheduler_interval == "epoch":
+            runner.scheduler.step()
+        if complete or self.iters_done():
+            pos.phase = Phase.TRAINED
+        process_group.broadcast_buffers(runner.unwrapped_model)
+        pos.epoch_ending = True
+        self.hooks.after_train_epoch(runner=runner)
+        pos.epoch_ending = False
+
+    def validate(self) -> None:
+        """Validate; the position says so before ``after_val_epoch``, so a checkpoint saved
+        from there on (a best one) resumes after this validation, with the random state it
+        left. A stop signal inside validation cuts it short: the random state goes back to
+        where validation began, and the stop's save resumes by validating again."""
+        runner, pos = self.runner, self.runner.position
+        start = time.perf_counter()
+        rng = runner.rng_state() if self.stop.numbers else None
+
+        def validated() -> None:
+            pos.phase = Phase.VALIDATED
+
+        metrics = evaluate_or_stop(
+            runner, runner._loaders["val"], "val", True, done=validated, stoppable=True
+        )
+        runner.clock.validated(time.perf_counter() - start)
+        if metrics is None and rng is not None:
+            runner.set_rng_state(rng)
+            self.stopping()
+
+    def stopping(self) -> bool:
+        """Whether a stop signal ends training here; the first time, save the state for it:
+        the checkpoint plugin's ``save_on_stop``, else the core's ``stop_iter_<N>.pt``."""
+        signum = self.stop.agreed
+        if signum is None:
+            return False
+        self.stop.acting()  # a save may take long: no longer a stop that cannot be honoured
+        runner = self.runner
+        runner.stop_training = True
+        if not self.stop_saved:
+            self.stop_saved = True
+            path = runner.hooks.save_on_stop(runner=runner, signum=signum)
+            if path is None:
+                path = runner.save_checkpoint(
+                    runner.checkpoint_dir / f"stop_iter_{runner.position.iter}.pt"
+                )
+            name = signal.Signals(signum).name
+            runner.info(f"{name} received: saved {path}; stopping")
+        return True
+
+
+class TrainStep:
+    """One iteration: forward (the model's convention), backward and, at an accumulation
+    boundary, the optimizer step; then the position advances and the losses are stored."""
+
+    def __init__(self, runner: Any, per_epoch: int) -> None:
+        self.runner = runner
+        self.per_epoch = per_epoch
+        self.optim = optim = runner.optimizer_step
+        self.plain = runner.amp is None and runner.world_size == 1  # no context managers
+        self.step = getattr(runner.unwrapped_model, "training_step", None)
+        self.optimizer = runner.optimizer
+        self.put = runner.scalars.put
+        # The common case takes its step inline: each Python frame costs about a
+        # microsecond between torch ops, a few percent of a small model's step.
+        self.fast = self.plain and optim.simple()
+        self.uneven = False  # some rank has no batch for the epoch's last iteration
+
+    def __call__(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
+        runner = self.runner
+        model, module = runner.model, runner.unwrapped_model
+        pos = runner.position
+        if self.fast:  # OptimizerStep.backward and .step with nothing to do around them
+            losses = training_losses(model, module, self.step, runner.criterion, batch)
+            losses["loss"].backward()
+            pos.stepping = True
+            self.optimizer.step()
+            pos.optimizer_steps += 1
+            self.optimizer.zero_grad(set_to_none=True)
+        elif self.uneven and batch_idx + 1 == self.per_epoch:
+            losses = self.joined(batch)
+        else:
+            optim = self.optim
+            boundary = pos.closes_group
+            if self.plain:
+                losses = training_losses(model, module, self.step, runner.criterion, batch)
+                optim.backward(losses["loss"])
+            else:
+                with optim.sync_context(boundary):
+                    with runner.autocast():
+                        losses = training_losses(model, module, self.step, runner.criterion, batch)
+                    optim.backward(losses["loss"])
+            if boundary:
+                pos.stepping = True
+                optim.step()
+        pos.batch = batch_idx + 1
+        pos.iter += 1
+        pos.phase = Phase.TRAIN
+        pos.iter_ending = True
+        pos.stepping = False
+        if not losses:  # this rank joined the iteration without a batch
+            return {}
+        if len(losses) == 1:
+            loss = losses["loss"].detach()
+            self.put("train/loss", loss)
+            return {"loss": loss}
+        outputs = {name: value.detach() for name, value in losses.items()}
+        runner.scalars.update(outputs, prefix="train/")
+        return outputs
+
+    def joined(self, batch: Any) -> dict[str, torch.Tensor]:
+        """The epoch's last iteration when some rank's share has none (``batch`` is None on
+        such a rank): the ranks with a batch run it on the unwrapped model, every rank's
+        gradients are averaged under :class:`~hookrun.engine.optimizer_step.TailJoin`, and every
+        rank
+        steps alike. Returns this rank's losses (none without a batch)."""
+        runner, optim = self.runner, self.optim
+        module = runner.unwrapped_model
+        losses: dict[str, torch.Tensor] = {}
+        with warnings.catch_warnings():  # Join's exit sets a process-wide warnings filter
+            tail = TailJoin(module, runner.device)
+            with Join([tail]):
+                if batch is not None:
+                    with runner.autocast():
+                        losses = training_losses(module, module, self.step, runner.criterion, batch)
+                    optim.backward(losses["loss"])
+                    tail.average()
+        runner.position.stepping = True
+        optim.step()
+        return losses
+
+
+def evaluate(runner: Any, loader: Any, mode: str, hooks: bool) -> dict[str, float]:
+    """:func:`evaluate_or_stop` that no stop signal can cut short."""
+    metrics = evaluate_or_stop(runner, loader, mode, hooks, done=None, stoppable=False)
+    assert metrics is not None
+    return metrics
+
+
+def evaluate_or_stop(
+    runner: Any,
+    loader: Any,
+    mode: str,
+    hooks: bool,
+    done: Callable[[], None] | None,
+    stoppable: bool,
+) -> dict[str, float] | None:
+    """One pass over ``loader`` in eval mode, metrics averaged over every sample of every
+    rank. With ``hooks`` the ``*_{mode}*`` hook points fire, all of them in eval mode, and
+    the metrics go to the writers; the training mode is restored afterwards. ``done`` is
+    called once the pass is complete, before ``after_{mode}_epoch``.
+
+    A stop signal agreed during a ``stoppable`` pass ends it at a batch boundary: then
+    ``after_{mode}_epoch`` does not fire, ``after_{mode}`` does, and the result is None."""
+    points = runner.hooks if hooks else None
+    model = runner.unwrapped_model
+    was_training = model.training
+    model.eval()
+    try:
+        if points is not None:
+            getattr(points, f"before_{mode}")(runner=runner)
+            getattr(points, f"before_{mode}_epoch")(runner=runner)
+        process_group.broadcast_buffers(model)  # the weights evaluated, an EMA's swapped in too
+        metrics = _pass(runner, loader, mode, points, stoppable=stoppable)
+        if metrics is not None and done is not None:
+            done()
+        if points is not None:
+            if metrics is not None:
+                getattr(points, f"after_{mode}_epoch")(runner=runner, metrics=metrics)
+                runner.last_metrics[mode] = dict(metrics)
+                runner.write_scalars({f"{mode}/{k}": v for k, v in metrics.items()})
+            getattr(points, f"after_{mode}")(runner=runner)
+    finally:
+        model.train(was_training)
+    return metrics
+
+
+def _pass(
+    runner: Any, loader: Any, mode: str, points: Any, stoppable: bool
+) -> dict[str, float] | None:
+    """The metrics, or None when a stop signal ended a ``stoppable`` pass (the training
+    loop's validation; under torch.distributed it is only agreed between iterations)."""
+    stop = runner.stop_signals if stoppable else None
+    before_iter = getattr(points, f"before_{mode}_iter", None)
+    after_iter = getattr(points, f"after_{mode}_iter", None)
+    means = MetricMeans(runner.device)
+    model, device = runner.unwrapped_model, runner.device
+    batches = loader.epoch_iter(0)
+    if runner.strategy == "fsdp":  # every rank runs as many forwards as the busiest one
+        pairs = fsdp.lockstep(batches, len(loader))
+    else:
+        pairs = ((batch, True) for batch in batches)
+    with torch.no_grad():
+        for batch_idx, (batch, counted) in enumerate(pairs):
+            if stop is not None and stop.agreed is not None:
+                return None
+            batch = to_device(batch, device)
+            if not counted:
+                with runner.autocast():
+                    evaluation_values(model, runner.criterion, runner.metrics, batch, mode)
+                continue
+            if before_iter is not None:
+                before_iter(runner=runner, batch_idx=batch_idx, batch=batch)
+            with runner.autocast():
+                values = evaluation_values(model, runner.criterion, runner.metrics, batch, mode)
+            means.add(values, batch_size(batch))
+            if after_iter is not None:
+                after_iter(runner=runner, batch_idx=batch_idx, batch=batch, outputs=values)
+    return means.result()
