@@ -20,6 +20,7 @@ import pytest
 import torch
 from pydantic import BaseModel
 
+from _support import errors_of
 from hookrun.config import file as cfg
 from hookrun.config.arguments import RunnerArguments
 from hookrun.engine.runner import Runner
@@ -57,15 +58,6 @@ def refused(result: subprocess.CompletedProcess[str]) -> list[str]:
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr + result.stdout, result.stderr
     return result.stderr.splitlines()
-
-
-def errors_of(config: Path, *overrides: str) -> list[str]:
-    """The lines ``config validate`` prints (in this process); [] when valid."""
-    try:
-        cfg.load(config, overrides)
-    except ConfigError as exc:
-        return exc.lines
-    return []
 
 
 def listing(folder: Path) -> set[Path]:

@@ -14,23 +14,13 @@ import pytest
 import torch
 import yaml
 
-from hookrun.config import file as cfg
-from hookrun.errors import ConfigError
+from _support import errors_of
 from hookrun.testing import run_cli, write_toy_task
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits" / "config.yaml"
 
 pytestmark = pytest.mark.usefixtures("hookrun_isolated")
-
-
-def errors_of(config: Path, *overrides: str) -> list[str]:
-    """The lines ``config validate`` would print (in-process); [] when valid."""
-    try:
-        cfg.load(config, overrides)
-    except ConfigError as exc:
-        return exc.lines
-    return []
 
 
 @pytest.fixture

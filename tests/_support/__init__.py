@@ -11,6 +11,8 @@ import textwrap
 from pathlib import Path
 
 from hookrun import hookimpl
+from hookrun.config import file as cfg
+from hookrun.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "examples" / "digits" / "config.yaml"
@@ -63,3 +65,12 @@ class Tagged:
     def after_train_iter(self):
         self.log.append(self.name)
         return self.name
+
+
+def errors_of(config: Path, *overrides: str) -> list[str]:
+    """The lines ``config validate`` would print (in-process); [] when valid."""
+    try:
+        cfg.load(config, overrides)
+    except ConfigError as exc:
+        return exc.lines
+    return []
