@@ -104,6 +104,17 @@ def hookrun_train(config: Path) -> list[str]:
     ]
 
 
+def start_train(config: Path) -> subprocess.Popen[str]:
+    """``hookrun train`` of ``config`` in its own process, its output captured."""
+    return subprocess.Popen(
+        hookrun_train(config),
+        env=isolated_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
 def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -120,13 +131,7 @@ def test_persistent_loader_workers_let_the_process_exit_once_training_ends(
     so multiprocessing's exit-time SIGTERM cannot end them: the process used to wait for
     them forever. Plain PyTorch with the same loaders exits within a second or two."""
     config = write_task(tmp_path, epochs=2, workers=2, persistent=True)
-    proc = subprocess.Popen(
-        hookrun_train(config),
-        env=isolated_env(),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_train(config)
     try:
         out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -149,13 +154,7 @@ def test_sigterm_to_a_process_stuck_in_an_iteration_ends_it_after_dist_timeout(
     the iteration boundary where the stop would save: the process ends by the signal once
     ``dist_timeout`` passed without an iteration, with one line saying why."""
     config = write_task(tmp_path, epochs=50, runner="dist_timeout: 3", at=2, action=action)
-    proc = subprocess.Popen(
-        hookrun_train(config),
-        env=isolated_env(),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_train(config)
     try:
         wait_for(tmp_path / "reached", proc)
         time.sleep(0.5)  # inside the stuck hook
