@@ -5,6 +5,7 @@ signal its shell told it to ignore still ends by that signal, never with 0."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -47,6 +48,8 @@ class At:
                 pass
         if self.action == "sleep":
             time.sleep(3600)
+        if self.action == "stall":
+            (self.folder / "stall").write_text("")
         if self.action.startswith("SIG"):
             os.kill(os.getpid(), signal.Signals[self.action])
 
@@ -55,18 +58,31 @@ class At:
         (self.folder / "ended").write_text(repr(time.time()))
 
 
+class Stalls(TensorDataset):
+    """Fetches sleep for an hour once ``folder/stall`` exists (a worker stuck in a fetch)."""
+
+    def __init__(self, folder, *tensors):
+        super().__init__(*tensors)
+        self.flag = Path(folder) / "stall"
+
+    def __getitem__(self, index):
+        if self.flag.exists():
+            time.sleep(3600)
+        return super().__getitem__(index)
+
+
 def build(folder, at=-1, action="", workers=0, persistent=False):
     names = ("SIGINT", "SIGTERM")
     ignored = [n for n in names if signal.getsignal(signal.Signals[n]) == signal.SIG_IGN]
     (Path(folder) / "ignored_at_start").write_text(" ".join(ignored))
     g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g))
+    data = Stalls(folder, torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g))
     model = nn.Linear(4, 2)
     options = dict(batch_size=4, num_workers=workers, persistent_workers=persistent)
     return {
         "model": model,
         "train_dataloader": DataLoader(data, shuffle=True, **options),
-        "val_dataloader": DataLoader(data, **options),
+        "val_dataloader": DataLoader(TensorDataset(*data.tensors), **options),
         "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
         "criterion": nn.CrossEntropyLoss(),
         "hooks": [At(folder, at, action)],
@@ -74,19 +90,21 @@ def build(folder, at=-1, action="", workers=0, persistent=False):
 '''
 
 
-def write_task(folder: Path, epochs: int, runner: str = "", **task_args: object) -> Path:
+def write_task(folder: Path, epochs: int | None, runner: str = "", **task_args: object) -> Path:
     """``stoptask.py`` and a config training it for ``epochs`` epochs of 16 iterations in
-    ``folder``; ``runner`` adds runner settings (YAML flow-mapping entries)."""
+    ``folder`` (None: ``runner`` says how long); ``runner`` adds runner settings (YAML
+    flow-mapping entries)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "stoptask.py").write_text(TASK)
     args = ", ".join(
         f"{key}: {value!r}" for key, value in {"folder": str(folder), **task_args}.items()
     )
+    length = "" if epochs is None else f"max_epochs: {epochs}, "
     config = folder / "run.yaml"
     config.write_text(
         "task: stoptask.py:build\n"
         f"task_args: {{{args}}}\n"
-        f"runner: {{max_epochs: {epochs}, device: cpu, writers: [], {runner}}}\n"
+        f"runner: {{{length}device: cpu, writers: [], {runner}}}\n"
         "plugins: {}\n"
     )
     return config
@@ -105,14 +123,26 @@ def hookrun_train(config: Path) -> list[str]:
 
 
 def start_train(config: Path) -> subprocess.Popen[str]:
-    """``hookrun train`` of ``config`` in its own process, its output captured."""
+    """``hookrun train`` of ``config`` in its own process group, its output captured."""
     return subprocess.Popen(
         hookrun_train(config),
         env=isolated_env(),
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        start_new_session=True,
     )
+
+
+def ends_within(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """``proc``'s output once it ends; a failure naming what it printed when it is still
+    running after ``timeout`` s (its whole group killed: loader workers hold its pipes)."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"still running after {timeout} s\n{out[-2000:]}\n{err[-2000:]}")
 
 
 def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 120) -> None:
@@ -132,17 +162,36 @@ def test_persistent_loader_workers_let_the_process_exit_once_training_ends(
     them forever. Plain PyTorch with the same loaders exits within a second or two."""
     config = write_task(tmp_path, epochs=2, workers=2, persistent=True)
     proc = start_train(config)
-    try:
-        out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"still running after 120 s\n{out[-2000:]}\n{err[-2000:]}")
+    out, err = ends_within(proc, 120)
     exited = time.time()
     assert proc.returncode == 0, err[-3000:]
     ended = float((tmp_path / "ended").read_text())
     assert exited - ended < 10, exited - ended  # after_run, writers, summary, exit
     assert "Traceback" not in err
+
+
+@pytest.mark.timing
+def test_a_loader_worker_stuck_in_a_fetch_when_the_run_ends_does_not_keep_it_alive(
+    tmp_path: Path,
+) -> None:
+    """The run ends at ``max_iters`` while both workers sleep in a fetch for the next batches:
+    torch's shutdown waits 5 s, then sends the SIGTERM they ignore; hookrun kills them, so
+    the process ends instead of waiting for them forever."""
+    config = write_task(
+        tmp_path,
+        epochs=None,
+        runner="max_iters: 6",
+        at=1,
+        action="stall",
+        workers=2,
+        persistent=True,
+    )
+    proc = start_train(config)
+    out, err = ends_within(proc, 120)
+    exited = time.time()
+    assert proc.returncode == 0, err[-3000:]
+    ended = float((tmp_path / "ended").read_text())
+    assert exited - ended < 45, exited - ended  # torch waits 2 x (5 + 5) s before the kill
 
 
 @pytest.mark.timing

@@ -27,15 +27,23 @@ _MASK = (1 << 63) - 1
 
 _QUIET_ITERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
 """Live iterators whose worker processes ignore the stop signals."""
+_QUIET_WORKERS: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Those worker processes, kept past their iterator (one collected mid-run may leave one)."""
 
 
 @atexit.register
 def _end_quiet_workers() -> None:
     """End the workers of live iterators (persistent ones, one left mid-epoch by an exception)
     before multiprocessing's exit handler sends them SIGTERM, which they ignore, and waits for
-    them forever. Registered after torch's own exit handlers, so it runs before them."""
+    them forever. Registered after torch's own exit handlers, so it runs before them. A worker
+    still alive after torch's shutdown (it waits 5 s, then sends the ignored SIGTERM) is
+    killed: once training has ended its batches are of no use."""
     for iterator in list(_QUIET_ITERATORS):
         iterator._shutdown_workers()  # what the iterator's __del__ calls; torch has no public one
+    for worker in list(_QUIET_WORKERS):
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
 
 
 def mix_seed(*parts: int) -> int:
@@ -170,6 +178,7 @@ class ResumableLoader:
         iterator = iter(self.loader)
         if self.quiet:
             _QUIET_ITERATORS.add(iterator)
+            _QUIET_WORKERS.update(getattr(iterator, "_workers", ()))
         return iterator
 
     def continue_epoch(self, epoch: int, batches_done: int, saved_world: int) -> int | None:
