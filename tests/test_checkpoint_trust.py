@@ -103,9 +103,9 @@ def malicious(good: dict[str, Any], path: Path) -> None:
 
 
 def two_groups(state: dict[str, Any]) -> None:
-    state["optimizer"]["param_groups"] = [
-        {**state["optimizer"]["param_groups"][0], "params": [0]},
-        {**state["optimizer"]["param_groups"][0], "params": [1]},
+    state["optimizers"]["main"]["param_groups"] = [
+        {**state["optimizers"]["main"]["param_groups"][0], "params": [0]},
+        {**state["optimizers"]["main"]["param_groups"][0], "params": [1]},
     ]
 
 
@@ -171,12 +171,12 @@ DAMAGE: dict[str, tuple[Callable[[dict[str, Any], Path], None], str]] = {
         "optimizer",
     ),
     "optimizer sizes": (
-        edited(lambda s: s["optimizer"]["param_groups"][0].update(params=[0, 1, 2])),
+        edited(lambda s: s["optimizers"]["main"]["param_groups"][0].update(params=[0, 1, 2])),
         "does not fit this run: optimizer: parameter group 0 has 3 parameters in the "
         "checkpoint, 2 in the optimizer",
     ),
     "optimizer state shape": (
-        edited(lambda s: s["optimizer"]["state"][0].update(momentum_buffer=torch.zeros(5))),
+        edited(lambda s: s["optimizers"]["main"]["state"][0].update(momentum_buffer=torch.zeros(5))),
         "does not fit this run: optimizer: 1 state mismatch, first: momentum_buffer of "
         "parameter 0 [5] (checkpoint) vs [2,4] (parameter)",
     ),
@@ -361,7 +361,7 @@ def test_an_explicit_file_that_does_not_fit_is_one_line_and_changes_nothing(tmp_
     state = torch.load(path, weights_only=True)
     state["model"] = runner.unwrapped_model.state_dict()
     state["model"] = {k: v + 1 for k, v in state["model"].items()}
-    state["optimizer"]["param_groups"][0]["params"] = [0]
+    state["optimizers"]["main"]["param_groups"][0]["params"] = [0]
     torch.save(state, path)
     with pytest.raises(CheckpointMismatchError, match="parameter group 0 has 1 parameter in"):
         runner.train(resume=path)

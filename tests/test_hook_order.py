@@ -50,10 +50,10 @@ def expected_epoch_run(epochs: int, batches: int, val_batches: int) -> list[str]
     for _ in range(epochs):
         seq.append("before_train_epoch")
         for _ in range(batches):
-            seq += ["before_train_iter", *STEP, "after_train_iter"]
+            seq += ["transform_batch", "before_train_iter", *STEP, "after_train_iter"]
         seq += ["after_report", "after_train_epoch", "before_val", "before_val_epoch"]
         for _ in range(val_batches):
-            seq += ["before_val_iter", "after_val_iter"]
+            seq += ["transform_batch", "before_val_iter", "after_val_iter"]
         seq += ["after_val_epoch", "after_val"]
     return seq + ["after_train", "after_run"]
 
@@ -153,9 +153,12 @@ def test_val_and_test_alone(tmp_path):
     runner.val()
     runner.test()
     assert names(rec) == [
-        "before_run", "before_val", "before_val_epoch", "before_val_iter", "after_val_iter",
-        "before_val_iter", "after_val_iter", "after_val_epoch", "after_val", "after_run",
-        "before_run", "before_test", "before_test_epoch", "before_test_iter", "after_test_iter",
+        "before_run", "before_val", "before_val_epoch",
+        "transform_batch", "before_val_iter", "after_val_iter",
+        "transform_batch", "before_val_iter", "after_val_iter",
+        "after_val_epoch", "after_val", "after_run",
+        "before_run", "before_test", "before_test_epoch",
+        "transform_batch", "before_test_iter", "after_test_iter",
         "after_test_epoch", "after_test", "after_run",
     ]  # fmt: skip
 

@@ -65,12 +65,12 @@ class FactRecorder:
 
     @hookimpl
     def after_optimizer_step(self, runner: Any) -> None:
-        self.steps.append((runner.iter, runner.position.optimizer_steps))
+        self.steps.append((runner.iter, runner.position.optimizer_steps.get("main", 0)))
 
     @hookimpl
     def after_train_iter(self, runner: Any) -> None:
         pos = runner.position
-        self.iters.append((runner.iter, pos.closes_group, pos.optimizer_steps))
+        self.iters.append((runner.iter, pos.closes_group, pos.optimizer_steps.get("main", 0)))
 
 
 def accumulating(tmp_path: Path, *hooks: object, **overrides: Any) -> Runner:
@@ -95,7 +95,7 @@ def test_the_position_counts_groups_and_steps_as_a_hand_count_does(tmp_path: Pat
     assert rec.before == [closes for _, closes, _ in expected]  # known before the iteration
     # inside after_optimizer_step the count holds the step just taken
     assert rec.steps == [(i, steps) for i, closes, steps in expected if closes]
-    assert runner.position.optimizer_steps == 3 * EPOCHS
+    assert runner.position.optimizer_steps == {"main": 3 * EPOCHS}
 
 
 def test_a_vetoed_step_is_counted_as_the_schedule_counts_it(tmp_path: Path) -> None:
@@ -118,7 +118,9 @@ class StepsAfterIters:
 
     @hookimpl
     def after_train_iter(self, runner: Any) -> None:
-        self.seen.append((runner.position.closes_group, runner.position.optimizer_steps))
+        self.seen.append(
+            (runner.position.closes_group, runner.position.optimizer_steps.get("main", 0))
+        )
 
 
 def test_the_inline_step_counts_too(tmp_path: Path) -> None:

@@ -60,8 +60,8 @@ def test_kill_between_checkpoints_resumes_from_the_last_one(tmp_path, reference)
 def test_checkpoint_loads_with_weights_only(reference):
     checkpoint = torch.load(reference, weights_only=True)
     assert checkpoint["format"] == "hookrun/1"
-    meta = {"hookrun_version", "epoch", "iter", "time", "world_size", "optimizer"}
-    assert set(checkpoint["meta"]) == meta and checkpoint["meta"]["optimizer"] == "AdamW"
+    meta = {"hookrun_version", "epoch", "iter", "time", "world_size", "optimizers"}
+    assert set(checkpoint["meta"]) == meta and checkpoint["meta"]["optimizers"] == {"main": "AdamW"}
     assert checkpoint["meta"]["iter"] == 21 and checkpoint["meta"]["epoch"] == 3
     assert set(checkpoint["rng"]) >= {"python", "numpy", "torch", "cuda"}
 

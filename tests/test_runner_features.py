@@ -205,11 +205,6 @@ def test_fp16_without_cuda_is_a_clear_error(tmp_path):
         Runner(**toy_runner_kwargs(tmp_path, amp="fp16"))
 
 
-def test_model_without_training_step_needs_a_criterion(tmp_path):
-    with pytest.raises(ConfigError, match="Linear defines no training_step"):
-        Runner(**toy_runner_kwargs(tmp_path, criterion=None))
-
-
 def test_unsafe_plugin_state_is_refused_before_writing(tmp_path):
     import numpy as np
 

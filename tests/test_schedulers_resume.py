@@ -89,7 +89,7 @@ def test_counter_milestones_resume_mid_run(tmp_path, kind):
     assert [whole[i] for i in range(12)] == pytest.approx([expected(kind, i) for i in range(12)])
 
     path = tmp_path / "run" / "checkpoints" / "iter_5.pt"
-    saved = torch.load(path, weights_only=True)["scheduler"]  # the loader hookrun uses
+    saved = torch.load(path, weights_only=True)["schedulers"]["main"]  # the loader hookrun uses
     milestones = saved.get("milestones") or next(
         s["milestones"] for s in saved["_schedulers"] if "milestones" in s
     )

@@ -27,13 +27,21 @@ class Checkpointable(Protocol):
     """The checkpoint the run continued from; a resume sets it."""
     checkpoint_dir: Path
     """The run's checkpoint folder: where ``resume="auto"`` looks."""
-    optimizer: Any
-    scheduler: Any
+    optimizers: dict[str, Any]
+    """The optimizers by name (``"main"`` when there is one)."""
+    schedulers: dict[str, Any]
+    """The schedulers by their optimizer's name."""
     scaler: Any
     writers: list[Any]
     """The open writers, whose states (a tracker's run id) a checkpoint keeps."""
     hooks: Any
     """Every hook point's caller (``after_load_checkpoint``)."""
+
+    @property
+    def optimizer(self) -> Any: ...
+
+    def recount_position(self) -> None:
+        """Set the accumulation facts of a restored position (its optimizer steps)."""
 
     @property
     def unwrapped_model(self) -> nn.Module: ...

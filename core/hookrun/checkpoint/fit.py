@@ -56,14 +56,15 @@ def fit_problems(runner: Checkpointable, checkpoint: Mapping[str, Any], resume: 
     problems = _model_problems(runner.unwrapped_model.state_dict(), checkpoint)
     if not resume:
         return problems
-    if runner.optimizer is not None and "optimizer" in checkpoint:
+    if runner.optimizers and "optimizers" in checkpoint:
         meta = checkpoint.get("meta")
-        saved_name = meta.get("optimizer") if isinstance(meta, Mapping) else None
-        problems += _optimizer_problems(runner.optimizer, checkpoint["optimizer"], saved_name)
-    for name in ("scheduler", "scaler"):
-        present = getattr(runner, name) is not None and name in checkpoint
-        if present and not isinstance(checkpoint[name], Mapping):
-            problems.append(f"{name}: {_kind(checkpoint[name])}, not a state dict")
+        kinds = meta.get("optimizers") if isinstance(meta, Mapping) else None
+        problems += _optimizers_problems(
+            runner.optimizers, checkpoint["optimizers"], kinds if isinstance(kinds, Mapping) else {}
+        )
+    for key, present in (("schedulers", bool(runner.schedulers)), ("scaler", runner.scaler)):
+        if present and key in checkpoint and not isinstance(checkpoint[key], Mapping):
+            problems.append(f"{key}: {_kind(checkpoint[key])}, not a state dict")
     if not isinstance(checkpoint.get("plugins", {}), Mapping):
         problems.append(f"plugins: {_kind(checkpoint['plugins'])}, not a dict")
     problems += _rng_problems(checkpoint, runner.rank, runner.world_size)
@@ -162,6 +163,26 @@ def _model_problems(expected: Mapping[str, Any], checkpoint: Mapping[str, Any]) 
             mismatched.append(f"{key} {_shape(got)} (checkpoint) vs {_shape(want)} (model)")
     if mismatched:
         problems.append("model: " + _counted(len(mismatched), "size mismatch", mismatched[0]))
+    return problems
+
+
+def _optimizers_problems(
+    optimizers: Mapping[str, torch.optim.Optimizer], saved: Any, kinds: Mapping[str, Any]
+) -> list[str]:
+    """Each optimizer against its state by name; a run and a checkpoint with other names
+    (or another number of optimizers) do not fit."""
+    if not isinstance(saved, Mapping):
+        return [f"optimizers: {_kind(saved)}, not a mapping of names to states"]
+    if set(saved) != set(optimizers):
+        return [
+            f"optimizers: the checkpoint holds {', '.join(map(repr, saved)) or 'none'} and this "
+            f"run has {', '.join(map(repr, optimizers))}"
+        ]
+    problems = []
+    for name, optimizer in optimizers.items():
+        label = "optimizer" if len(optimizers) == 1 else f"optimizer {name!r}"
+        found = _optimizer_problems(optimizer, saved[name], kinds.get(name))
+        problems += [label + line.removeprefix("optimizer") for line in found]
     return problems
 
 

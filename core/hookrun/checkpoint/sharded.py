@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from hookrun.checkpoint import files as ckpt_io
 from hookrun.distributed import collectives
+from hookrun.engine.optimizer_step import SINGLE
 from hookrun.errors import CheckpointError, CheckpointMismatchError
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     plugins, moved_plugins = _split_dtensors(state.get("plugins", {}))
     if moved_plugins:
         rest["plugins"], tensors["plugins"] = plugins, moved_plugins
-    optimizer = state.get("optimizer")
+    optimizer = state.get("optimizers", {}).get(SINGLE)  # FSDP trains with one optimizer
     if optimizer is not None:
         kept: dict[str, Any] = {}
         moved: dict[str, Any] = {}
@@ -73,7 +74,7 @@ def split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             moved[name] = {k: v for k, v in entry.items() if isinstance(v, torch.Tensor)}
             kept[name] = {k: v for k, v in entry.items() if not isinstance(v, torch.Tensor)}
         tensors["optimizer"] = moved
-        rest["optimizer"] = {**optimizer, "state": kept}
+        rest["optimizers"] = {SINGLE: {**optimizer, "state": kept}}
     return tensors, rest
 
 
@@ -237,7 +238,8 @@ def restore_tensors(runner: Checkpointable, checkpoint: dict[str, Any], resume: 
     calls this; a run without FSDP reads whole tensors)."""
     model, optimizer = runner.unwrapped_model, runner.optimizer
     wanted: dict[str, Any] = {"model": get_model_state_dict(model)}
-    if resume and optimizer is not None and "optimizer" in checkpoint:
+    saved = checkpoint.get("optimizers", {}).get(SINGLE)
+    if resume and optimizer is not None and saved is not None:
         template: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer))
         wanted["optimizer"] = {
             name: {k: v for k, v in entry.items() if isinstance(v, torch.Tensor)}
@@ -246,7 +248,6 @@ def restore_tensors(runner: Checkpointable, checkpoint: dict[str, Any], resume: 
     _read(wanted, checkpoint["sharded"], alone=not collectives.is_distributed())
     set_model_state_dict(model, wanted["model"])
     if optimizer is not None and "optimizer" in wanted:
-        saved = checkpoint["optimizer"]
         state = {
             name: {**saved["state"].get(name, {}), **tensors}
             for name, tensors in wanted["optimizer"].items()
@@ -262,11 +263,11 @@ def restore_whole(runner: Checkpointable, checkpoint: dict[str, Any], resume: bo
     model, optimizer = runner.unwrapped_model, runner.optimizer
     whole = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, checkpoint["model"], options=whole)
-    if not (resume and optimizer is not None and "optimizer" in checkpoint):
+    saved = checkpoint.get("optimizers", {}).get(SINGLE)
+    if not (resume and optimizer is not None and saved is not None):
         return
     names = {id(p): name for name, p in model.named_parameters()}
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    saved = checkpoint["optimizer"]
     keyed: Any = {
         "state": {order[i]: entry for i, entry in saved["state"].items()},
         "param_groups": [

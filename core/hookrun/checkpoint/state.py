@@ -23,6 +23,7 @@ from hookrun.config.schedule import continue_schedule
 from hookrun.data.sharding import padding_note
 from hookrun.distributed import collectives, process_group
 from hookrun.engine import workdir
+from hookrun.engine.optimizer_step import SINGLE
 from hookrun.engine.position import LoopPosition, Phase
 from hookrun.errors import CheckpointError, CheckpointMismatchError, ConfigError
 from hookrun.writers import restore_writer_states, writer_states
@@ -46,21 +47,21 @@ def collect(runner: Checkpointable, save_optimizer: bool = True) -> dict[str, An
             "iter": pos.iter,
             "time": time.time(),
             "world_size": runner.world_size,
-            "optimizer": type(runner.optimizer).__name__ if runner.optimizer else None,
+            "optimizers": {name: type(opt).__name__ for name, opt in runner.optimizers.items()},
         },
         "model": runner.unwrapped_model.state_dict(),
         "loop": pos.state_dict(),
         "rng": rng,
         "plugins": {name: obj.state_dict() for name, obj in runner.stateful_plugins().items()},
     }
-    if save_optimizer and runner.optimizer is not None:
-        state["optimizer"] = (
-            _sharded().optimizer_state(runner)
+    if save_optimizer and runner.optimizers:
+        state["optimizers"] = (
+            {SINGLE: _sharded().optimizer_state(runner)}
             if runner.strategy == "fsdp"
-            else runner.optimizer.state_dict()
+            else {name: opt.state_dict() for name, opt in runner.optimizers.items()}
         )
-    if runner.scheduler is not None:
-        state["scheduler"] = runner.scheduler.state_dict()
+    if runner.schedulers:
+        state["schedulers"] = {name: s.state_dict() for name, s in runner.schedulers.items()}
     if runner.scaler is not None:
         state["scaler"] = runner.scaler.state_dict()
     if ranks is not None:
@@ -96,19 +97,20 @@ def restore(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool) ->
         runner.unwrapped_model.load_state_dict(checkpoint["model"])
     if not resume:
         return
-    by_shards = sharded or "sharded" in checkpoint
-    for name in ("scaler",) if by_shards else ("optimizer", "scaler"):
-        target = getattr(runner, name)
-        if target is not None and name in checkpoint:
-            target.load_state_dict(checkpoint[name])
+    if not (sharded or "sharded" in checkpoint):
+        for name, saved_state in checkpoint.get("optimizers", {}).items():
+            runner.optimizers[name].load_state_dict(saved_state)
+    if runner.scaler is not None and "scaler" in checkpoint:
+        runner.scaler.load_state_dict(checkpoint["scaler"])
     runner.position = LoopPosition.from_state(checkpoint["loop"])
     ranks = checkpoint.get("rng_ranks") or [checkpoint["rng"]]
     if len(ranks) != runner.world_size:
         runner.info(_continue_on_new_world(runner, len(ranks)) + "; rank 0's RNG streams used")
     ckpt_io.set_rng_state(ranks[runner.rank] if len(ranks) == runner.world_size else ranks[0])
-    saved = checkpoint.get("scheduler") if runner.scheduler is not None else None
-    if saved is not None and (line := continue_schedule(runner, saved)):
-        runner.info(line)  # a longer run is a longer schedule
+    runner.recount_position()
+    for name, saved in checkpoint.get("schedulers", {}).items():
+        if line := continue_schedule(runner, name, saved):
+            runner.info(line)  # a longer run is a longer schedule
 
 
 def _continue_on_new_world(runner: Checkpointable, saved: int) -> str:
@@ -473,7 +475,7 @@ def finished_position(runner: Checkpointable) -> LoopPosition | None:
 
 def _finished(runner: Checkpointable, position: LoopPosition) -> bool:
     """The training loop's own test, asked of ``position``."""
-    from hookrun.engine.loops import TrainLoop
+    from hookrun.engine.train_loop import TrainLoop
 
     saved, runner.position = runner.position, position
     try:

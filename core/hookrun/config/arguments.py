@@ -192,6 +192,12 @@ class RunnerArguments(BaseModel):
         le=MAX_INT,
         description="Accumulate gradients over this many batches per optimizer step.",
     )
+    grad_accum_normalize: Literal["batches", "items"] = Field(
+        "batches",
+        description="`batches`: each micro-batch's loss is divided by grad_accum; `items`: "
+        "an accumulation group's loss is its summed loss over the items its steps report "
+        "(`num_items` in the outputs, e.g. non-padding tokens), as Hugging Face's Trainer.",
+    )
     clip_grad: ClipGrad | None = Field(
         None,
         description="Clip the gradient norm: a max norm, or {max_norm: 1.0, norm_type: 2} "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hookrun.engine.position import DEFAULT_MAX_EPOCHS, Phase, group_ends, groups_closed
+from hookrun.engine.position import DEFAULT_MAX_EPOCHS, Phase, group_ends
 from hookrun.errors import HookrunError
 
 if TYPE_CHECKING:
@@ -114,22 +114,24 @@ PROGRESS = frozenset(
 )
 
 
-def continue_schedule(runner: Any, saved: Mapping[str, Any]) -> str | None:
-    """Continue ``saved`` (a checkpoint's scheduler state) with ``runner.scheduler``, the one
-    this run built and has not stepped, once the run's position is restored. The same
-    schedule is loaded as saved (exact). A schedule that differs (``auto`` lengths, warm-up
-    or total steps recomputed for another ``max_epochs``/``max_iters`` or number of ranks, or
-    values changed in the config) is this run's, stepped from its start to the run's
-    position, so each later iteration's learning rate is the one ``hookrun schedule`` gives
-    for it. Returns the line that says so then."""
+def continue_schedule(runner: Any, name: str, saved: Mapping[str, Any]) -> str | None:
+    """Continue ``saved`` (a checkpoint's state of the scheduler ``name``) with the one this
+    run built and has not stepped, once the run's position is restored. The same schedule
+    is loaded as saved (exact). A schedule that differs (``auto`` lengths, warm-up or total
+    steps recomputed for another ``max_epochs``/``max_iters`` or number of ranks, or values
+    changed in the config) is this run's, stepped from its start to the run's position, so
+    each later iteration's learning rate is the one ``hookrun schedule`` gives for it.
+    Returns the line that says so then."""
     import torch
 
-    scheduler = runner.scheduler
+    scheduler = runner.schedulers.get(name)
+    if scheduler is None:
+        return None
     plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     if plateau or _described(scheduler.state_dict()) == _described(saved):
         scheduler.load_state_dict(saved)
         return None
-    steps = steps_taken(runner)
+    steps = steps_taken(runner, name)
     for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
         group["lr"] = lr  # the optimizer's state brought the saved schedule's rate
     try:
@@ -148,14 +150,15 @@ def continue_schedule(runner: Any, saved: Mapping[str, Any]) -> str | None:
     )
 
 
-def steps_taken(runner: Any) -> int:
-    """The schedule's steps the training loop takes up to ``runner.position``: one per
-    accumulation group (an epoch's last batch closes one) or per complete epoch."""
+def steps_taken(runner: Any, name: str) -> int:
+    """The steps the training loop has taken of the scheduler ``name`` up to
+    ``runner.position``: its optimizer's steps (``position.optimizer_steps``) or the
+    complete epochs."""
     pos, per_epoch = runner.position, runner._batches_per_epoch()
     done = pos.batch >= per_epoch
     if runner.scheduler_interval == "epoch":
         return pos.epoch + int(done and pos.phase is not Phase.TRAIN)
-    return groups_closed(pos.epoch, pos.batch, per_epoch, runner.grad_accum)
+    return int(pos.optimizer_steps.get(name, 0))
 
 
 def _described(state: Any) -> Any:

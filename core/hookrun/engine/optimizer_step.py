@@ -1,15 +1,16 @@
-"""One training step's backward and optimizer update: AMP scaling, accumulation, DDP's
+"""The backward and optimizer updates of a training step: AMP scaling, accumulation, DDP's
 ``no_sync``, clipping, and the four hook points around them (docs/hooks.md).
 
 Kept apart from the loop the way MMEngine splits ``OptimWrapper`` from its loops: the loop
 decides *when* (the position's ``closes_group``), this object *how*, and counts each step
-in the position's ``optimizer_steps``.
+in the position's ``optimizer_steps``. In manual optimization it is the ``optim`` a
+``training_step(batch, optim)`` receives (docs/training-step.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -18,14 +19,57 @@ from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from hookrun.distributed import fsdp
+from hookrun.distributed.collectives import all_reduce_sum
 from hookrun.engine.scalars import ScalarStore
+from hookrun.engine.steps import StepError
+from hookrun.errors import ConfigError
 from hookrun.hooks.dispatch import Hooks
+
+SINGLE = "main"
+"""The name of the one optimizer of a run given a single optimizer."""
+
+
+def named_optimizers(optimizer: Any, scheduler: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The optimizers and schedulers by name: a single object is named ``"main"``. Refuses
+    scheduler names that are no optimizer's and a parameter two optimizers train."""
+    optimizers = _named(optimizer)
+    schedulers = _named(scheduler)
+    if isinstance(scheduler, Mapping) and not isinstance(optimizer, Mapping) and optimizer:
+        raise ConfigError(
+            "scheduler: a mapping of names needs optimizer= as a mapping with the same names"
+        )
+    unknown = [name for name in schedulers if name not in optimizers]
+    if unknown:
+        raise ConfigError(
+            f"scheduler: {', '.join(map(repr, unknown))} names no optimizer; the optimizers "
+            f"are {', '.join(map(repr, optimizers))}"
+        )
+    owner: dict[int, str] = {}
+    for name, opt in optimizers.items():
+        for group in opt.param_groups:
+            for param in group["params"]:
+                other = owner.setdefault(id(param), name)
+                if other != name:
+                    raise ConfigError(
+                        f"optimizer: {other!r} and {name!r} both train a parameter of shape "
+                        f"{list(param.shape)}; give each optimizer its own parameters"
+                    )
+    return optimizers, schedulers
+
+
+def _named(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return {str(name): item for name, item in value.items() if item is not None}
+    return {SINGLE: value}
 
 
 class OptimizerStep:
-    """Backward, then at an accumulation boundary: unscale, ``before_optimizer_step`` (any
-    ``False`` skips the step), clip, step, ``after_optimizer_step``, zero the gradients and
-    step a per-iteration scheduler."""
+    """Backward, then each optimizer's step: unscale, ``before_optimizer_step`` (any
+    ``False`` skips the step), clip, step, ``after_optimizer_step``, zero its gradients and
+    step its per-iteration scheduler. Automatic optimization steps every optimizer at an
+    accumulation boundary; manual optimization calls :meth:`step` by name."""
 
     def __init__(
         self,
@@ -35,6 +79,7 @@ class OptimizerStep:
         grad_accum: int,
         clip_grad: Mapping[str, Any] | None,
         scaler: torch.amp.GradScaler | None,
+        normalize: str = "batches",
     ) -> None:
         self.runner = runner
         self.hooks = hooks
@@ -42,29 +87,39 @@ class OptimizerStep:
         self.grad_accum = grad_accum
         self.clip_grad = dict(clip_grad) if clip_grad else None
         self.scaler = scaler
+        self.by_items = normalize == "items"
+        self.items: torch.Tensor | int = 0  # the accumulation group's items so far
         self.sharded = runner.strategy == "fsdp"
         self.clip = fsdp.clip_grad_norm_ if self.sharded else nn.utils.clip_grad_norm_
         # the hook points nothing implements are skipped: the plain step pays for none of them
         self.around_backward = hooks.before_backward.used or hooks.after_backward.used
         self.before_step = hooks.before_optimizer_step.used
         self.after_step = hooks.after_optimizer_step.used
+        self.stepped = False  # whether an optimizer stepped in this iteration (GradScaler)
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """The run's optimizers by name (``"main"`` when there is one)."""
+        return self.runner.optimizers  # type: ignore[no-any-return]
 
     def simple(self) -> bool:
-        """Whether a step is only ``backward``, ``step`` and ``zero_grad``: fp32, every batch
-        a step, no clipping, no per-iteration scheduler and nothing implementing the four
-        hook points."""
+        """Whether a step is only ``backward``, ``step`` and ``zero_grad``: one optimizer,
+        fp32, every batch a step, no clipping, no per-iteration scheduler and nothing
+        implementing the four hook points."""
         return (
-            self.scaler is None
+            len(self.optimizers) == 1
+            and self.scaler is None
             and self.grad_accum == 1
+            and not self.by_items
             and not self.clip_grad
             and not (self.around_backward or self.before_step or self.after_step)
             and not self.steps_scheduler()
         )
 
     def steps_scheduler(self) -> bool:
-        """Whether the scheduler steps after every optimizer step (``scheduler_interval: iter``)."""
+        """Whether a scheduler steps after its optimizer's steps (``scheduler_interval: iter``)."""
         runner = self.runner
-        return runner.scheduler is not None and runner.scheduler_interval == "iter"
+        return bool(runner.schedulers) and runner.scheduler_interval == "iter"
 
     def sync_context(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
         """DDP's ``no_sync`` (FSDP2's ``set_requires_gradient_sync(False)``) inside an
@@ -77,42 +132,130 @@ class OptimizerStep:
             return contextlib.nullcontext()
         return model.no_sync()
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, items: Any = None) -> None:
+        """Back-propagate ``loss`` (AMP-scaled). Automatic optimization divides it by
+        ``grad_accum``; with ``grad_accum_normalize: items`` it is weighted by the ``items``
+        it averages over, and the group's gradients are divided by the group's items at the
+        step, so the group's loss is its summed loss over its items."""
         runner, hooks = self.runner, self.hooks
-        if self.grad_accum > 1:
+        if self.by_items and items is not None:
+            loss = loss * items
+            self.items = self.items + items
+        elif self.grad_accum > 1:
             loss = loss / self.grad_accum
+        if self.by_items and items is None:
+            raise StepError(
+                "runner.grad_accum_normalize: items divides by the items the steps report, "
+                "and this step's outputs hold no num_items; return {'loss': ..., "
+                "'num_items': ...} from training_step, or use grad_accum_normalize: batches"
+            )
         if self.around_backward:
             hooks.before_backward(runner=runner, loss=loss)
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        scaled = self.scaler.scale(loss) if self.scaler is not None else loss
+        if torch.is_autocast_enabled():  # a manual step's backward, inside the forward's autocast
+            with torch.autocast(runner.device.type, enabled=False):
+                scaled.backward()
+        else:
+            scaled.backward()
         if self.around_backward:
             hooks.after_backward(runner=runner)
 
-    def step(self) -> None:
-        """The update at an accumulation boundary."""
+    def step(self, name: str | None = None) -> None:
+        """Step the optimizer ``name``; every optimizer, in order, when ``name`` is None (the
+        automatic step at an accumulation boundary, which also updates AMP's scale)."""
+        if name is None:
+            if self.by_items:
+                self._divide_by_items()
+            for each in self.optimizers:
+                self._step_one(each)
+            self.end_iteration()
+            return
+        if name not in self.optimizers:
+            raise ConfigError(
+                f"optim.step: no optimizer named {name!r}; the optimizers are "
+                f"{', '.join(map(repr, self.optimizers))}"
+            )
+        if self.runner.world_size > 1:
+            average_gradients(_params(self.optimizers[name]))
+        self._step_one(name)
+
+    def end_iteration(self) -> None:
+        """After an iteration's steps: update AMP's scale once, as PyTorch documents for
+        several optimizers."""
+        if self.scaler is not None and self.stepped:
+            self.scaler.update()
+        self.stepped = False
+
+    def _step_one(self, name: str) -> None:
         runner, hooks, scaler = self.runner, self.hooks, self.scaler
-        optimizer = runner.optimizer
+        optimizer = self.optimizers[name]
         if scaler is not None:
             scaler.unscale_(optimizer)
         stepped = True
         if self.before_step:
-            verdicts = hooks.before_optimizer_step(runner=runner, optimizer=optimizer)
+            verdicts = hooks.before_optimizer_step(
+                runner=runner, optimizer=optimizer, optimizer_name=name
+            )
             stepped = False not in verdicts
         if stepped:
             if self.clip_grad:
-                norm = self.clip(runner.unwrapped_model.parameters(), **self.clip_grad)
-                self.scalars.put("train/grad_norm", norm)
+                self._clip(name, optimizer)
             if scaler is not None:
                 scaler.step(optimizer)
             else:
                 optimizer.step()
-        runner.position.optimizer_steps += 1  # vetoed or skipped by GradScaler: still a step
+        steps = runner.position.optimizer_steps
+        steps[name] = steps.get(name, 0) + 1  # vetoed or skipped by GradScaler: still a step
+        self.stepped = True
         if stepped and self.after_step:
-            hooks.after_optimizer_step(runner=runner, optimizer=optimizer)
-        if scaler is not None:
-            scaler.update()
+            hooks.after_optimizer_step(runner=runner, optimizer=optimizer, optimizer_name=name)
         optimizer.zero_grad(set_to_none=True)
-        if self.steps_scheduler():
-            runner.scheduler.step()
+        scheduler = runner.schedulers.get(name)
+        if scheduler is not None and runner.scheduler_interval == "iter":
+            scheduler.step()
+
+    def _clip(self, name: str, optimizer: torch.optim.Optimizer) -> None:
+        """Clip the gradients ``optimizer`` steps with; the norm goes to ``train/grad_norm``
+        (``train/grad_norm/<name>`` with several optimizers)."""
+        several = len(self.optimizers) > 1
+        params = _params(optimizer) if several else self.runner.unwrapped_model.parameters()
+        norm = self.clip(params, **self.clip_grad)  # type: ignore[arg-type]
+        self.scalars.put(f"train/grad_norm/{name}" if several else "train/grad_norm", norm)
+
+    def _divide_by_items(self) -> None:
+        """Divide the group's gradients by its items, every rank's (DDP averaged the
+        gradients over the ranks, so they are scaled back by the number of ranks)."""
+        items = torch.as_tensor(self.items, dtype=torch.float64)
+        world = self.runner.world_size
+        if world > 1:
+            items = all_reduce_sum(items.to(self.runner.device)).cpu()
+        self.items = 0
+        factor = world / max(float(items), 1.0)
+        grads = [p.grad for opt in self.optimizers.values() for p in _params(opt)]
+        grads = [g for g in grads if g is not None]
+        if grads:
+            torch._foreach_mul_(grads, factor)
+
+
+def _params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    for group in optimizer.param_groups:
+        yield from group["params"]
+
+
+def average_gradients(params: Iterator[torch.Tensor]) -> None:
+    """Each gradient summed over the ranks and divided by their number, as DDP does (manual
+    optimization steps outside DDP's forward, so its hooks do not reduce them)."""
+    world = torch_dist.get_world_size()
+    grads = [p.grad for p in params if p.grad is not None]
+    by_type: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for grad in grads:
+        by_type.setdefault((grad.device, grad.dtype), []).append(grad)
+    for group in by_type.values():
+        flat = torch.cat([g.reshape(-1) for g in group])
+        torch_dist.all_reduce(flat)
+        flat.div_(world)
+        for grad, part in zip(group, flat.split([g.numel() for g in group]), strict=True):
+            grad.copy_(part.view_as(grad))
 
 
 class TailJoin(Joinable):
@@ -149,21 +292,13 @@ class TailJoin(Joinable):
     def all_reduce(self) -> None:
         """Each gradient summed over the ranks and divided by their number, as DDP does; a
         parameter no rank has a gradient for keeps none (the optimizer skips it)."""
-        params, world = self.params, torch_dist.get_world_size()
+        params = self.params
         held = torch.tensor([p.grad is not None for p in params], device=self.device).float()
         torch_dist.all_reduce(held)
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        by_type: dict[tuple[torch.device, torch.dtype], list[nn.Parameter]] = {}
-        for p in params:
-            by_type.setdefault((p.grad.device, p.grad.dtype), []).append(p)  # type: ignore[union-attr]
-        for group in by_type.values():
-            flat = torch.cat([p.grad.reshape(-1) for p in group])  # type: ignore[union-attr]
-            torch_dist.all_reduce(flat)
-            flat.div_(world)
-            for p, part in zip(group, flat.split([p.numel() for p in group]), strict=True):
-                p.grad.copy_(part.view_as(p))  # type: ignore[union-attr]
+        average_gradients(iter(params))
         for p, count in zip(params, held.tolist(), strict=True):
             if not count:
                 p.grad = None

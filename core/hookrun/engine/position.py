@@ -7,7 +7,7 @@ any plugin that needs to know what is still to come.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -59,8 +59,9 @@ class LoopPosition:
     so no checkpoint may be taken. None of the three is saved.
 
     ``closes_group`` and ``optimizer_steps`` are the loop's accumulation facts, the one
-    place the core and plugins read them from; neither is saved either: both follow from
-    the position (:meth:`recount`)."""
+    place the core and plugins read them from. In automatic optimization both follow from
+    the position (:meth:`recount`); manual optimization's steps do not, so the steps are
+    saved too."""
 
     epoch: int = 0
     """The epoch (0-based)."""
@@ -81,14 +82,14 @@ class LoopPosition:
     follows its backward (every ``grad_accum``-th batch of an epoch, and the epoch's last):
     set before ``before_train_iter``, kept through ``after_train_iter``; between iterations,
     whether the last one done closed a group."""
-    optimizer_steps: int = 0
-    """Optimizer steps taken in the run, counted as each is taken: one per accumulation
-    group, inside ``after_optimizer_step`` already counting the step just taken. A step
-    AMP's GradScaler skips for inf/NaN gradients counts, as Lightning's progress counts
-    every optimizer step call (knowing the skip would cost a device sync per step), and so
-    does one a ``before_optimizer_step`` hook vetoes; the per-iteration schedule steps at
-    each of them too. So the count is the schedule's step count, and a resume restores it
-    from the position."""
+    optimizer_steps: dict[str, int] = field(default_factory=dict)
+    """Each optimizer's steps taken in the run, by name (``"main"`` when there is one),
+    counted as each is taken: in automatic optimization one per accumulation group, inside
+    ``after_optimizer_step`` already counting the step just taken. A step AMP's GradScaler
+    skips for inf/NaN gradients counts, as Lightning's progress counts every optimizer step
+    call (knowing the skip would cost a device sync per step), and so does one a
+    ``before_optimizer_step`` hook vetoes; the per-iteration schedule steps at each of them
+    too. So each count is its schedule's step count."""
 
     def state_dict(self) -> dict[str, Any]:
         """Plain types only (``weights_only`` loading), the ``hookrun/1`` layout."""
@@ -97,6 +98,7 @@ class LoopPosition:
             "batch": self.batch,
             "phase": self.phase.value,
             "iter": self.iter,
+            "optimizer_steps": dict(self.optimizer_steps),
         }
 
     @classmethod
@@ -107,14 +109,17 @@ class LoopPosition:
             batch=int(state["batch"]),
             iter=int(state["iter"]),
             phase=Phase(state["phase"]),
+            optimizer_steps={str(k): int(v) for k, v in state.get("optimizer_steps", {}).items()},
         )
 
-    def recount(self, per_epoch: int, grad_accum: int) -> None:
+    def recount(self, per_epoch: int, grad_accum: int, names: list[str], manual: bool) -> None:
         """Set the accumulation facts a restored position implies, with this run's epoch
-        length (as the schedule continues): they are not saved."""
+        length (as the schedule continues); manual optimization keeps the saved steps."""
         batches = min(self.batch, per_epoch)
         self.closes_group = group_ends(batches, per_epoch, grad_accum)
-        self.optimizer_steps = groups_closed(self.epoch, batches, per_epoch, grad_accum)
+        if not manual:
+            steps = groups_closed(self.epoch, batches, per_epoch, grad_accum)
+            self.optimizer_steps = dict.fromkeys(names, steps)
 
     def epoch_closed(self, by_epoch: bool) -> bool:
         """Whether the current epoch's training is over (its last batch done)."""

@@ -10,6 +10,7 @@ torch.distributed a report point is also where the ranks meet, in one small all-
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -24,7 +25,7 @@ class Reporter:
     def __init__(self, runner: Any, interval: int) -> None:
         self.runner = runner
         self.interval = interval
-        self.lrs: list[float] = []  # the learning rates the reported iteration trained with
+        self.lrs: dict[str, list[float]] = {}  # the rates the reported iteration trained with
         # (clock, completed iterations, the clock's validation seconds) at the previous report
         self.mark = (0.0, 0, 0.0)
         self.last = 0  # the run's last iteration, fixed when training starts
@@ -57,9 +58,10 @@ class Reporter:
 
     def keep_lrs(self) -> None:
         """Called before a reported iteration's step: its learning rates are the ones logged."""
-        optimizer = self.runner.optimizer
-        groups = optimizer.param_groups if optimizer is not None else []
-        self.lrs = [float(group["lr"]) for group in groups if "lr" in group]
+        self.lrs = {
+            name: [float(group["lr"]) for group in optimizer.param_groups if "lr" in group]
+            for name, optimizer in self.runner.optimizers.items()
+        }
 
     def report(self, done: int) -> None:
         """Read, write and announce the report of ``done`` completed iterations (rank 0)."""
@@ -102,10 +104,14 @@ def remaining_validations(runner: Any, done: int) -> int:
     return schedule.remaining(runner.position.epoch if runner.by_epoch else done)
 
 
-def lr_scalars(lrs: list[float]) -> dict[str, float]:
-    """``train/lr``, or ``train/lr/group<i>`` when parameter groups differ."""
-    if not lrs:
-        return {}
-    if all(lr == lrs[0] for lr in lrs):
-        return {"train/lr": lrs[0]}
-    return {f"train/lr/group{i}": lr for i, lr in enumerate(lrs)}
+def lr_scalars(lrs: Mapping[str, list[float]]) -> dict[str, float]:
+    """``train/lr``, or ``train/lr/group<i>`` when parameter groups differ; with several
+    optimizers each under its name: ``train/lr/<name>`` (``train/lr/<name>/group<i>``)."""
+    scalars = {}
+    for name, rates in lrs.items():
+        prefix = "train/lr" if len(lrs) == 1 else f"train/lr/{name}"
+        if rates and all(lr == rates[0] for lr in rates):
+            scalars[prefix] = rates[0]
+        else:
+            scalars.update({f"{prefix}/group{i}": lr for i, lr in enumerate(rates)})
+    return scalars

@@ -1,5 +1,7 @@
-"""The Runner: a facade over the loops (:mod:`hookrun.engine.loops`), the optimizer step
-(:mod:`hookrun.engine.optimizer_step`), reporting (:mod:`hookrun.engine.reporting`) and checkpoints.
+"""The Runner: a facade over the training loop (:mod:`hookrun.engine.train_loop`),
+evaluation (:mod:`hookrun.engine.evaluation`), the optimizer step
+(:mod:`hookrun.engine.optimizer_step`), reporting (:mod:`hookrun.engine.reporting`) and
+checkpoints.
 
 What plugins may use of it is :class:`hookrun.RunnerProtocol` (:mod:`hookrun.hooks.protocol`).
 """
@@ -24,13 +26,14 @@ from hookrun.distributed import collectives, process_group
 from hookrun.distributed.fsdp import shard_model
 from hookrun.engine import workdir
 from hookrun.engine.clock import IterationClock
-from hookrun.engine.loops import TrainLoop, evaluate
-from hookrun.engine.optimizer_step import OptimizerStep
+from hookrun.engine.evaluation import evaluate
+from hookrun.engine.optimizer_step import OptimizerStep, named_optimizers
 from hookrun.engine.position import DEFAULT_MAX_EPOCHS, LoopPosition, ValidationSchedule
 from hookrun.engine.reporting import Reporter
 from hookrun.engine.scalars import ScalarStore
-from hookrun.engine.steps import check_convention, to_device
+from hookrun.engine.steps import is_manual, to_device
 from hookrun.engine.stop_signals import DEFAULT_STOP_SIGNALS, StopSignals
+from hookrun.engine.train_loop import TrainLoop
 from hookrun.errors import CheckpointError, ConfigError
 from hookrun.hooks.manager import PluginManager
 from hookrun.hooks.stats import HookStats
@@ -41,6 +44,20 @@ if TYPE_CHECKING:
     from hookrun.hooks.protocol import RunnerProtocol
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_step(manual: bool, optimizers: int, grad_accum: int, strategy: str) -> None:
+    """Refuse what manual optimization and several optimizers do not support (one line)."""
+    if manual and grad_accum > 1:
+        raise ConfigError(
+            "runner.grad_accum: a training_step(batch, optim) steps when it calls optim.step; "
+            "accumulate there (call optim.step every N batches) and keep grad_accum 1"
+        )
+    if strategy == "fsdp" and (manual or optimizers > 1):
+        raise ConfigError(
+            "runner.strategy: fsdp trains with one optimizer in automatic optimization; use "
+            "ddp (strategy auto) for several optimizers or a training_step(batch, optim)"
+        )
 
 
 class Runner:
@@ -71,7 +88,7 @@ class Runner:
         train_dataloader: Iterable[Any] | None = None,
         val_dataloader: Iterable[Any] | None = None,
         test_dataloader: Iterable[Any] | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer] | None = None,
         scheduler: Any = None,
         criterion: Callable[..., torch.Tensor] | None = None,
         metrics: Mapping[str, Callable[..., Any]] | None = None,
@@ -85,6 +102,7 @@ class Runner:
         device: str | torch.device = "auto",
         amp: str | None = None,
         grad_accum: int = 1,
+        grad_accum_normalize: str = "batches",
         clip_grad: float | Mapping[str, float] | None = None,
         seed: int = 0,
         scheduler_interval: str = "epoch",
@@ -106,6 +124,7 @@ class Runner:
             device=device,
             amp=amp,
             grad_accum=grad_accum,
+            grad_accum_normalize=grad_accum_normalize,
             clip_grad=clip_grad,
             scheduler_interval=scheduler_interval,
             writers=writers,
@@ -124,7 +143,9 @@ class Runner:
         self.dist_timeout = dist_timeout
         self.strategy = "fsdp" if strategy == "fsdp" else "ddp" if self.world_size > 1 else "none"
         with process_group.errors_agreed():  # a mistake found on one rank ends every rank
-            check_convention(model, criterion)
+            self.optimizers, self.schedulers = named_optimizers(optimizer, scheduler)
+            self.manual = is_manual(getattr(model, "training_step", None))
+            check_step(self.manual, len(self.optimizers), grad_accum, strategy)
             if strategy == "fsdp" and self.world_size == 1:
                 raise ConfigError(
                     "runner.strategy: 'fsdp' shards the model over processes and this run has "
@@ -140,12 +161,10 @@ class Runner:
         self.unwrapped_model = model.to(self.device)
         self.model: nn.Module = self.unwrapped_model
         if self.strategy == "fsdp":
-            self.model = shard_model(model, optimizer, args.fsdp, self.device, amp)
+            self.model = shard_model(model, self.optimizer, args.fsdp, self.device, amp)
         elif self.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model = nn.parallel.DistributedDataParallel(model, device_ids=ids, **(ddp or {}))
-        self.optimizer = optimizer
-        self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval
         self.criterion = criterion
         self.metrics = dict(metrics or {})
@@ -182,7 +201,13 @@ class Runner:
         self.last_metrics: dict[str, dict[str, float]] = {}
         self.manager.drop_unused(self)
         self.optimizer_step = OptimizerStep(
-            self, self.hooks, self.scalars, grad_accum, self.clip_grad, self.scaler
+            self,
+            self.hooks,
+            self.scalars,
+            grad_accum,
+            self.clip_grad,
+            self.scaler,
+            grad_accum_normalize,
         )
         self.reporter = Reporter(self, log_interval)
         self.clock = IterationClock()
@@ -207,6 +232,16 @@ class Runner:
         return loaders
 
     # -- counters and helpers ------------------------------------------------------------
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The first optimizer (the only one, unless ``optimizer=`` named several)."""
+        return next(iter(self.optimizers.values()), None)
+
+    @property
+    def scheduler(self) -> Any:
+        """The first scheduler (the only one, unless ``scheduler=`` named several)."""
+        return next(iter(self.schedulers.values()), None)
 
     @property
     def train_loader(self) -> Any:
@@ -276,6 +311,12 @@ class Runner:
             return self.epoch + 1 == self.max_epochs
         return self.epoch + 1 == -(-self.max_iters // self._batches_per_epoch())
 
+    def recount_position(self) -> None:
+        """Set the accumulation facts of a restored position with this run's epoch length."""
+        self.position.recount(
+            self._batches_per_epoch(), self.grad_accum, list(self.optimizers), self.manual
+        )
+
     def _batches_per_epoch(self) -> int:
         """The train loader's length (1 without a loader: the epoch arithmetic's divisor)."""
         loader = self._loaders["train"]
@@ -335,7 +376,7 @@ class Runner:
         a work dir
         another run holds, one that holds a run without ``resume``, a checkpoint that cannot
         continue the run, a train loader without batches."""
-        if self._loaders["train"] is None or self.optimizer is None:
+        if self._loaders["train"] is None or not self.optimizers:
             raise ConfigError("runner.train: train_dataloader and optimizer are required")
         stop = self.stop_signals
         if not stop.install(self.world_size, self.dist_timeout, lambda: self.position.iter):
@@ -361,7 +402,6 @@ class Runner:
             self.hooks.before_run(runner=self)
             if resume is not None:
                 run_state.resume(self, resume)
-                self.position.recount(self._batches_per_epoch(), self.grad_accum)
             self.hooks.before_train(runner=self)
             TrainLoop(self).run()
             self.hooks.after_train(runner=self)

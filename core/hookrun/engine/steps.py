@@ -1,13 +1,21 @@
-"""The two model conventions: how a batch becomes losses (training) or metric values (evaluation).
+"""The three step conventions: how a batch becomes losses (training) or metric values
+(evaluation). docs/training-step.md explains each.
 
-1. The model defines ``training_step(batch)`` returning a loss tensor or a dict holding
-   ``"loss"``, and ``validation_step(batch)`` returning a dict of per-batch metric values.
-2. A plain ``nn.Module`` called on ``inputs`` of an ``(inputs, targets)`` batch, with
-   ``criterion(outputs, targets)`` and ``metrics={"name": fn(outputs, targets)}``.
+1. The model defines ``training_step(batch)`` returning a loss tensor, a dict holding
+   ``"loss"`` or an object with ``.loss``, and ``validation_step(batch)`` returning a dict
+   of per-batch metric values. ``training_step(batch, optim)`` (a second parameter) is
+   manual optimization: it calls ``optim.backward`` and ``optim.step`` itself.
+2. A ``criterion``: the model is called on ``inputs`` of an ``(inputs, targets)`` batch,
+   ``criterion(outputs, targets)`` is the loss, ``metrics={"name": fn(outputs, targets)}``.
+3. Neither: the model computes its own loss (Hugging Face style): ``model(**batch)`` for a
+   mapping batch, ``model(batch)`` otherwise; the output's ``loss`` (key or attribute) is
+   the loss, and metrics receive ``(outputs, batch)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,16 +23,30 @@ import torch
 from torch import nn
 
 from hookrun.distributed.collectives import all_reduce_sum
-from hookrun.errors import ConfigError
+from hookrun.errors import HookrunError
+
+OWN_LOSS = "the model computes its loss: model(**batch) for a mapping batch, else model(batch)"
+CRITERION = (
+    "criterion: batches are (inputs, targets) and the loss is criterion(model(inputs), targets)"
+)
+WAY_OUT = "define training_step(batch) on the model, or pass criterion=..."
 
 
-def check_convention(model: nn.Module, criterion: Any) -> None:
-    """Refuse a model that neither defines ``training_step`` nor comes with a criterion."""
-    if not callable(getattr(model, "training_step", None)) and criterion is None:
-        raise ConfigError(
-            f"model: {type(model).__name__} defines no training_step(batch); "
-            "pass criterion=... (and metrics=...) or define training_step"
-        )
+class StepError(HookrunError):
+    """A batch or an output that does not fit the step convention in use: one line naming
+    the convention and the way out. Raised at the step; nothing is saved for it."""
+
+
+def is_manual(step: Callable[..., Any] | None) -> bool:
+    """Whether ``training_step`` takes the step object (``training_step(batch, optim)``)."""
+    if step is None:
+        return False
+    params = [
+        p
+        for p in inspect.signature(step).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return len(params) >= 2
 
 
 def training_losses(
@@ -33,25 +55,78 @@ def training_losses(
     step: Callable[..., Any] | None,
     criterion: Any,
     batch: Any,
-) -> dict[str, torch.Tensor]:
-    """Losses of one batch as a dict with ``"loss"`` first.
+) -> dict[str, Any]:
+    """Losses of one batch as a dict with ``"loss"`` first (``num_items`` too when the step
+    reports it).
 
     ``model`` may be a DDP wrapper of ``module``; ``step`` is the module's ``training_step``
     (or None), called through the wrapper so DDP's gradient hooks fire.
     """
     if step is not None:
         out = step(batch) if model is module else _through_wrapper(model, module, step, batch)
-    else:
-        inputs, targets = batch[0], batch[1]
-        out = criterion(model(inputs), targets)
+        return step_outputs(out, f"{type(module).__name__}.training_step", required=True)
+    if criterion is not None:
+        inputs, targets = criterion_pair(batch)
+        return {"loss": criterion(model(inputs), targets)}
+    return model_outputs(model(**batch) if isinstance(batch, Mapping) else model(batch), module)
+
+
+def step_outputs(out: Any, where: str, required: bool) -> dict[str, Any]:
+    """What a ``training_step`` returned as a dict: a tensor is the loss, a mapping is kept
+    as it is, an object with ``.loss`` gives its loss (and ``num_items``). ``required``: a
+    loss must be there (automatic optimization); manual optimization may return None."""
     if isinstance(out, torch.Tensor):
         return {"loss": out}
-    if not isinstance(out, Mapping) or "loss" not in out:
-        raise TypeError(
-            f"{type(module).__name__}.training_step must return a loss tensor or a dict "
-            f"with 'loss' (got {type(out).__name__})"
+    if isinstance(out, Mapping) and "loss" in out:
+        return {"loss": out["loss"], **{k: v for k, v in out.items() if k != "loss"}}
+    if not isinstance(out, Mapping) and getattr(out, "loss", None) is not None:
+        return _own_loss(out, out.loss)
+    if out is None and not required:
+        return {}
+    if isinstance(out, Mapping) and not required:
+        return dict(out)
+    raise StepError(
+        f"{where} returned {_kind(out)}: training_step must return a loss tensor, a dict with "
+        "'loss' or an object with .loss"
+    )
+
+
+def model_outputs(out: Any, module: nn.Module) -> dict[str, Any]:
+    """The loss of a model that computes its own: ``out["loss"]`` or ``out.loss``."""
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    if not isinstance(loss, torch.Tensor):
+        raise StepError(
+            f"{type(module).__name__} returned {_kind(out)} with no 'loss' ({OWN_LOSS}); {WAY_OUT}"
         )
-    return {"loss": out["loss"], **{k: v for k, v in out.items() if k != "loss"}}
+    return _own_loss(out, loss)
+
+
+def _own_loss(out: Any, loss: torch.Tensor) -> dict[str, Any]:
+    """The loss of a model's own output, with the items it averaged over when it says so;
+    its other fields (logits, caches) are not losses and are not logged."""
+    items = out.get("num_items") if isinstance(out, Mapping) else getattr(out, "num_items", None)
+    return {"loss": loss} if items is None else {"loss": loss, "num_items": items}
+
+
+def criterion_pair(batch: Any) -> tuple[Any, Any]:
+    """``(inputs, targets)`` of a batch under the criterion convention."""
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    raise StepError(
+        f"{CRITERION}; got {_kind(batch)}: drop criterion to let the model compute its loss "
+        "(model(**batch) for a mapping), or define training_step(batch) on the model"
+    )
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, Mapping):
+        keys = ", ".join(map(repr, list(value)[:5]))
+        return f"a {type(value).__name__} with keys [{keys}]"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return "None" if value is None else f"a {type(value).__name__}"
 
 
 def _through_wrapper(
@@ -79,16 +154,22 @@ def evaluation_values(
     if step is not None:
         values = step(batch)
         if not isinstance(values, Mapping):
-            raise TypeError(
+            raise StepError(
                 f"{type(module).__name__}.{step.__name__} must return a dict of metric values "
-                f"(got {type(values).__name__})"
+                f"(got {_kind(values)})"
             )
         return dict(values)
-    inputs, targets = batch[0], batch[1]
-    outputs = module(inputs)
-    values = {"loss": criterion(outputs, targets)} if criterion is not None else {}
+    if criterion is not None:
+        inputs, targets = criterion_pair(batch)
+        outputs = module(inputs)
+        values = {"loss": criterion(outputs, targets)}
+        for name, fn in metrics.items():
+            values[name] = fn(outputs, targets)
+        return values
+    outputs = module(**batch) if isinstance(batch, Mapping) else module(batch)
+    values = {"loss": model_outputs(outputs, module)["loss"]}
     for name, fn in metrics.items():
-        values[name] = fn(outputs, targets)
+        values[name] = fn(outputs, batch)
     return values
 
 
@@ -123,11 +204,14 @@ def batch_size(batch: Any) -> int:
         return batch_size(next(iter(batch.values())))
     if isinstance(batch, (list, tuple)) and batch:
         return batch_size(batch[0])
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return batch_size(getattr(batch, dataclasses.fields(batch)[0].name))
     return 1
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """Move every tensor of a (nested) batch to ``device``."""
+    """Move every tensor of a (nested) batch to ``device``: tensors, mappings, sequences,
+    named tuples, dataclasses and any object with a ``.to(device)`` method."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=device.type == "cuda")
     if isinstance(batch, Mapping):
@@ -136,4 +220,13 @@ def to_device(batch: Any, device: torch.device) -> Any:
         return type(batch)(*(to_device(v, device) for v in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(v, device) for v in batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        fields = {
+            f.name: to_device(getattr(batch, f.name), device)
+            for f in dataclasses.fields(batch)
+            if f.init
+        }
+        return dataclasses.replace(batch, **fields)
+    if callable(getattr(batch, "to", None)):
+        return batch.to(device)
     return batch

@@ -15,6 +15,8 @@ pluggy's semantics and hookrun's order:
   (or exception) the next wrapper out sees and the caller gets. Wrappers nest in the same
   order: the highest priority is outermost. A wrapper returning None leaves ``[]`` at a
   list hook point. Old-style ``hookwrapper=True`` is refused: use ``wrapper=True``.
+- **Chained points** (``transform_batch``): each non-None result replaces the argument the
+  spec names for the next implementation, and the call returns its last value.
 - **Errors**: an exception propagates unchanged through the wrappers to the caller, except
   at ``on_exception``: there every implementation runs even when one fails, each failure
   (a wrapper's too) is one stderr line ``[hookrun] on_exception of <owner> failed:
@@ -88,6 +90,7 @@ class HookCaller:
         "stats",
         "firstresult",
         "guarded",
+        "chained",
         "direct",
     )
 
@@ -100,6 +103,7 @@ class HookCaller:
         *,
         firstresult: bool = False,
         guarded: bool = False,
+        chained: str | None = None,
     ) -> None:
         self.name = name
         self.impls = tuple(impls)  # plain implementations, in call order
@@ -110,7 +114,8 @@ class HookCaller:
         self.stats = stats
         self.firstresult = firstresult
         self.guarded = guarded  # the on_exception policy: report failures, never raise
-        self.direct = not (self.wrappers or firstresult or guarded)  # the lean loop suffices
+        self.chained = chained  # the argument each result replaces
+        self.direct = not (self.wrappers or firstresult or guarded or chained)
 
     @property
     def used(self) -> bool:
@@ -166,15 +171,22 @@ class HookCaller:
                 elif step(impl, _begin, gen) is _FAILED:
                     continue
                 teardowns.append((impl, gen))
+            chained = self.chained
             for impl in self.impls:
                 result = step(impl, impl.call, kwargs) if careful else impl.call(kwargs)
                 if result is not None and result is not _FAILED:
+                    if chained is not None:
+                        kwargs = {**kwargs, chained: result}
+                        continue
                     results.append(result)
                     if self.firstresult:
                         break
         except BaseException as exc:
             exception = exc
-        outcome = (results[0] if results else None) if self.firstresult else results
+        if self.chained is not None:
+            outcome = kwargs[self.chained]
+        else:
+            outcome = (results[0] if results else None) if self.firstresult else results
         for impl, gen in reversed(teardowns):
             try:
                 if careful:

@@ -112,6 +112,7 @@ class HookRegistry:
             [impl for i, impl in bound if i.wrapper],
             firstresult=bool(spec and spec.opts.get("firstresult")),
             guarded=hook == ON_EXCEPTION,
+            chained=getattr(getattr(hookspecs, hook, None), "hookrun_chained", None),
         )
 
     def table(self) -> list[tuple[str, list[str]]]:

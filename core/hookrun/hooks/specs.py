@@ -18,6 +18,17 @@ if TYPE_CHECKING:
 hookspec = pluggy.HookspecMarker("hookrun")
 
 
+def chained(argument: str) -> Any:
+    """Mark a hook point whose implementations pass ``argument`` along: each non-None
+    return replaces it for the next implementation, and the call returns the last value."""
+
+    def mark(spec: Any) -> Any:
+        spec.hookrun_chained = argument
+        return spec
+
+    return mark
+
+
 @hookspec
 def before_run(runner: RunnerProtocol) -> None:
     """Fires once at the start of ``train()``, ``val()`` or ``test()``, before any state is
@@ -119,6 +130,28 @@ def after_train_epoch(runner: RunnerProtocol) -> None:
 
 
 @hookspec
+@chained("batch")
+def transform_batch(runner: RunnerProtocol, batch: Any, mode: str) -> Any:
+    """Fires for every batch of training, validation, test and prediction, once it is on the
+    runner's device and before ``before_{mode}_iter`` and the step.
+
+    Arguments: ``runner``; ``batch``, as the previous implementation left it; ``mode``,
+    ``"train"``, ``"val"``, ``"test"`` or ``"predict"``.
+    Return: a new batch, which replaces ``batch`` for the next implementation (in priority
+    order) and the step; None leaves the batch as it is. The call returns the final batch.
+    A hook may: augment on the GPU, build masks, drop fields the model does not take.
+
+    Example::
+
+        @hookimpl
+        def transform_batch(self, runner, batch, mode):
+            if mode == "train":
+                images, labels = batch
+                return images.flip(-1), labels
+    """
+
+
+@hookspec
 def before_train_iter(runner: RunnerProtocol, batch_idx: int, batch: Any) -> None:
     """Fires before the forward pass of every training iteration; ``batch`` is already on
     the runner's device.
@@ -189,11 +222,14 @@ def after_backward(runner: RunnerProtocol) -> None:
 
 
 @hookspec
-def before_optimizer_step(runner: RunnerProtocol, optimizer: Any) -> Any:
-    """Fires at an accumulation boundary (every ``grad_accum``-th batch of an epoch, and its
-    last batch), after AMP unscaled the gradients and before clipping and the step.
+def before_optimizer_step(runner: RunnerProtocol, optimizer: Any, optimizer_name: str) -> Any:
+    """Fires before each optimizer's step: in automatic optimization at an accumulation
+    boundary (every ``grad_accum``-th batch of an epoch, and its last batch) once per
+    optimizer, in manual optimization at each ``optim.step(name)``; after AMP unscaled the
+    gradients and before clipping and the step.
 
-    Arguments: ``runner``; ``optimizer``, the runner's optimizer.
+    Arguments: ``runner``; ``optimizer``, the optimizer about to step; ``optimizer_name``,
+    its name in ``runner.optimizers`` (``"main"`` when there is one).
     Return: ``False`` skips this step: the weights stay as they are, the gradients are
     zeroed, ``after_optimizer_step`` does not fire. Any other return value steps.
     A hook may: check or edit gradients, skip a bad step.
@@ -209,11 +245,12 @@ def before_optimizer_step(runner: RunnerProtocol, optimizer: Any) -> Any:
 
 
 @hookspec
-def after_optimizer_step(runner: RunnerProtocol, optimizer: Any) -> None:
-    """Fires right after the optimizer stepped, only when it did (not for a skipped step),
-    before the gradients are zeroed and a per-iteration scheduler steps.
+def after_optimizer_step(runner: RunnerProtocol, optimizer: Any, optimizer_name: str) -> None:
+    """Fires right after an optimizer stepped, only when it did (not for a skipped step),
+    before its gradients are zeroed and its per-iteration scheduler steps.
 
-    Arguments: ``runner``; ``optimizer``.
+    Arguments: ``runner``; ``optimizer``; ``optimizer_name``, its name in
+    ``runner.optimizers``.
     A hook may: update an average of the weights (EMA does, once per optimizer step),
     count steps, read gradients one last time.
 

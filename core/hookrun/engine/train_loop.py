@@ -1,9 +1,9 @@
-"""The training and evaluation loops: which hook fires when, over a saved position.
+"""The training loop: which hook fires when, over a saved position.
 
-The training loop is one state machine over :class:`~hookrun.engine.position.LoopPosition`, which is
-what makes mid-epoch resume exact. The step itself (backward, optimizer) is
-:class:`~hookrun.engine.optimizer_step.OptimizerStep`'s;
-what a batch means is :mod:`hookrun.engine.steps`'.
+The loop is one state machine over :class:`~hookrun.engine.position.LoopPosition`, which is
+what makes mid-epoch resume exact. The step itself (backward, optimizers) is
+:class:`~hookrun.engine.optimizer_step.OptimizerStep`'s; what a batch means is
+:mod:`hookrun.engine.steps`'; validation is :mod:`hookrun.engine.evaluation`'s.
 """
 
 from __future__ import annotations
@@ -12,23 +12,18 @@ import itertools
 import signal
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch.distributed.algorithms.join import Join
 
 from hookrun.data.sharding import last_batch
-from hookrun.distributed import fsdp, process_group
-from hookrun.engine.optimizer_step import TailJoin
+from hookrun.distributed import process_group
+from hookrun.engine.evaluation import evaluate_or_stop
+from hookrun.engine.optimizer_step import SINGLE, TailJoin
 from hookrun.engine.position import LoopPosition, Phase, group_done, group_ends
-from hookrun.engine.steps import (
-    MetricMeans,
-    batch_size,
-    evaluation_values,
-    to_device,
-    training_losses,
-)
+from hookrun.engine.steps import batch_size, step_outputs, to_device, training_losses
 from hookrun.errors import ConfigError
 
 
@@ -111,6 +106,7 @@ class TrainLoop:
         agree = reporter.agree_ranks if runner.world_size > 1 else None
         accum = runner.grad_accum
         val_due = self.validation_waiting()  # resumed inside a group
+        transform = hooks.transform_batch if hooks.transform_batch.used else None
         before_iter = hooks.before_train_iter if hooks.before_train_iter.used else None
         after_iter = hooks.after_train_iter if hooks.after_train_iter.used else None
         clock = runner.clock  # read inline: a method call per iteration costs a microsecond
@@ -127,6 +123,8 @@ class TrainLoop:
             count = count or (batch_size(batch) if batch is not None else 0)
             if move:
                 batch = to_device(batch, device)
+            if transform is not None and batch is not None:
+                batch = transform(runner=runner, batch=batch, mode="train")
             pos.closes_group = group_end = group_ends(batch_idx + 1, per_epoch, accum)
             if before_iter is not None:
                 before_iter(runner=runner, batch_idx=batch_idx, batch=batch)
@@ -168,8 +166,9 @@ class TrainLoop:
         """Close an epoch; one cut short by ``stop_training`` stays resumable mid-epoch."""
         runner, pos = self.runner, self.runner.position
         complete = pos.batch >= per_epoch
-        if complete and runner.scheduler is not None and runner.scheduler_interval == "epoch":
-            runner.scheduler.step()
+        if complete and runner.scheduler_interval == "epoch":
+            for scheduler in runner.schedulers.values():
+                scheduler.step()
         if complete or self.iters_done():
             pos.phase = Phase.TRAINED
         process_group.broadcast_buffers(runner.unwrapped_model)
@@ -220,7 +219,8 @@ class TrainLoop:
 
 class TrainStep:
     """One iteration: forward (the model's convention), backward and, at an accumulation
-    boundary, the optimizer step; then the position advances and the losses are stored."""
+    boundary, the optimizer steps, or the model's own ``training_step(batch, optim)``; then
+    the position advances and the losses are stored."""
 
     def __init__(self, runner: Any, per_epoch: int) -> None:
         self.runner = runner
@@ -228,11 +228,13 @@ class TrainStep:
         self.optim = optim = runner.optimizer_step
         self.plain = runner.amp is None and runner.world_size == 1  # no context managers
         self.step = getattr(runner.unwrapped_model, "training_step", None)
+        self.manual = runner.manual
         self.optimizer = runner.optimizer
+        self.steps = runner.position.optimizer_steps
         self.put = runner.scalars.put
         # The common case takes its step inline: each Python frame costs about a
         # microsecond between torch ops, a few percent of a small model's step.
-        self.fast = self.plain and optim.simple()
+        self.fast = self.plain and optim.simple() and not self.manual
         self.uneven = False  # some rank has no batch for the epoch's last iteration
 
     def __call__(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
@@ -244,8 +246,10 @@ class TrainStep:
             losses["loss"].backward()
             pos.stepping = True
             self.optimizer.step()
-            pos.optimizer_steps += 1
+            self.steps[SINGLE] = self.steps.get(SINGLE, 0) + 1
             self.optimizer.zero_grad(set_to_none=True)
+        elif self.manual:
+            losses = self.manual_step(batch)
         elif self.uneven and batch_idx + 1 == self.per_epoch:
             losses = self.joined(batch)
         else:
@@ -253,12 +257,12 @@ class TrainStep:
             boundary = pos.closes_group
             if self.plain:
                 losses = training_losses(model, module, self.step, runner.criterion, batch)
-                optim.backward(losses["loss"])
+                optim.backward(losses["loss"], losses.get("num_items"))
             else:
                 with optim.sync_context(boundary):
                     with runner.autocast():
                         losses = training_losses(model, module, self.step, runner.criterion, batch)
-                    optim.backward(losses["loss"])
+                    optim.backward(losses["loss"], losses.get("num_items"))
             if boundary:
                 pos.stepping = True
                 optim.step()
@@ -269,13 +273,27 @@ class TrainStep:
         pos.stepping = False
         if not losses:  # this rank joined the iteration without a batch
             return {}
-        if len(losses) == 1:
+        if len(losses) == 1 and "loss" in losses:
             loss = losses["loss"].detach()
             self.put("train/loss", loss)
             return {"loss": loss}
-        outputs = {name: value.detach() for name, value in losses.items()}
+        outputs = {name: _detached(value) for name, value in losses.items()}
         runner.scalars.update(outputs, prefix="train/")
         return outputs
+
+    def manual_step(self, batch: Any) -> dict[str, Any]:
+        """The model's ``training_step(batch, optim)``: it calls ``optim.backward`` and
+        ``optim.step(name)``. Every gradient is cleared afterwards, so none is left to the
+        next iteration (or a checkpoint) by a loss that reached another model's weights."""
+        runner, optim = self.runner, self.optim
+        runner.position.stepping = True
+        with runner.autocast():
+            out = self.step(batch, optim)  # type: ignore[misc]
+        optim.end_iteration()
+        for optimizer in optim.optimizers.values():
+            optimizer.zero_grad(set_to_none=True)
+        where = f"{type(runner.unwrapped_model).__name__}.training_step"
+        return step_outputs(out, where, required=False)
 
     def joined(self, batch: Any) -> dict[str, torch.Tensor]:
         """The epoch's last iteration when some rank's share has none (``batch`` is None on
@@ -292,87 +310,13 @@ class TrainStep:
                 if batch is not None:
                     with runner.autocast():
                         losses = training_losses(module, module, self.step, runner.criterion, batch)
-                    optim.backward(losses["loss"])
+                    optim.backward(losses["loss"], losses.get("num_items"))
                     tail.average()
         runner.position.stepping = True
         optim.step()
         return losses
 
 
-def evaluate(runner: Any, loader: Any, mode: str, hooks: bool) -> dict[str, float]:
-    """:func:`evaluate_or_stop` that no stop signal can cut short."""
-    metrics = evaluate_or_stop(runner, loader, mode, hooks, done=None, stoppable=False)
-    assert metrics is not None
-    return metrics
-
-
-def evaluate_or_stop(
-    runner: Any,
-    loader: Any,
-    mode: str,
-    hooks: bool,
-    done: Callable[[], None] | None,
-    stoppable: bool,
-) -> dict[str, float] | None:
-    """One pass over ``loader`` in eval mode, metrics averaged over every sample of every
-    rank. With ``hooks`` the ``*_{mode}*`` hook points fire, all of them in eval mode, and
-    the metrics go to the writers; the training mode is restored afterwards. ``done`` is
-    called once the pass is complete, before ``after_{mode}_epoch``.
-
-    A stop signal agreed during a ``stoppable`` pass ends it at a batch boundary: then
-    ``after_{mode}_epoch`` does not fire, ``after_{mode}`` does, and the result is None."""
-    points = runner.hooks if hooks else None
-    model = runner.unwrapped_model
-    was_training = model.training
-    model.eval()
-    try:
-        if points is not None:
-            getattr(points, f"before_{mode}")(runner=runner)
-            getattr(points, f"before_{mode}_epoch")(runner=runner)
-        process_group.broadcast_buffers(model)  # the weights evaluated, an EMA's swapped in too
-        metrics = _pass(runner, loader, mode, points, stoppable=stoppable)
-        if metrics is not None and done is not None:
-            done()
-        if points is not None:
-            if metrics is not None:
-                getattr(points, f"after_{mode}_epoch")(runner=runner, metrics=metrics)
-                runner.last_metrics[mode] = dict(metrics)
-                runner.write_scalars({f"{mode}/{k}": v for k, v in metrics.items()})
-            getattr(points, f"after_{mode}")(runner=runner)
-    finally:
-        model.train(was_training)
-    return metrics
-
-
-def _pass(
-    runner: Any, loader: Any, mode: str, points: Any, stoppable: bool
-) -> dict[str, float] | None:
-    """The metrics, or None when a stop signal ended a ``stoppable`` pass (the training
-    loop's validation; under torch.distributed it is only agreed between iterations)."""
-    stop = runner.stop_signals if stoppable else None
-    before_iter = getattr(points, f"before_{mode}_iter", None)
-    after_iter = getattr(points, f"after_{mode}_iter", None)
-    means = MetricMeans(runner.device)
-    model, device = runner.unwrapped_model, runner.device
-    batches = loader.epoch_iter(0)
-    if runner.strategy == "fsdp":  # every rank runs as many forwards as the busiest one
-        pairs = fsdp.lockstep(batches, len(loader))
-    else:
-        pairs = ((batch, True) for batch in batches)
-    with torch.no_grad():
-        for batch_idx, (batch, counted) in enumerate(pairs):
-            if stop is not None and stop.agreed is not None:
-                return None
-            batch = to_device(batch, device)
-            if not counted:
-                with runner.autocast():
-                    evaluation_values(model, runner.criterion, runner.metrics, batch, mode)
-                continue
-            if before_iter is not None:
-                before_iter(runner=runner, batch_idx=batch_idx, batch=batch)
-            with runner.autocast():
-                values = evaluation_values(model, runner.criterion, runner.metrics, batch, mode)
-            means.add(values, batch_size(batch))
-            if after_iter is not None:
-                after_iter(runner=runner, batch_idx=batch_idx, batch=batch, outputs=values)
-    return means.result()
+def _detached(value: Any) -> Any:
+    """A loss or count as the hooks and scalars get it: tensors detached, numbers as they are."""
+    return value.detach() if isinstance(value, torch.Tensor) else value
