@@ -78,7 +78,12 @@ class Runner:
         hooks: Every hook point's caller: ``runner.hooks.after_train_iter(runner=...)``.
         manager: The plugin manager that found, validated and ordered the plugins.
         last_metrics: The latest metrics of each mode (``"val"``, ``"test"``).
-        optimizer_step: The step the training loop calls (AMP, accumulation, clipping).
+        optimizers: The optimizers by name (``"main"`` when one was given).
+        schedulers: The schedulers by their optimizer's name.
+        manual: Whether the model's ``training_step(batch, optim)`` steps the optimizers
+            itself (manual optimization).
+        optimizer_step: The step the training loop calls (AMP, accumulation, clipping); the
+            ``optim`` a manual ``training_step`` receives.
         reporter: Reads ``scalars`` every ``log_interval`` iterations and writes them out.
     """
 

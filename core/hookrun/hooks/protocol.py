@@ -115,11 +115,25 @@ class RunnerProtocol(Protocol):
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
-        """The optimizer (``None`` for evaluation-only runners)."""
+        """The first optimizer: the only one unless several were named (``None`` for
+        evaluation-only runners)."""
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Every optimizer by name (``"main"`` when one was given), in stepping order; the
+        names ``before_optimizer_step``/``after_optimizer_step`` receive."""
 
     @property
     def scheduler(self) -> Any:
-        """The learning-rate scheduler, or ``None``."""
+        """The first learning-rate scheduler, or ``None``."""
+
+    @property
+    def schedulers(self) -> dict[str, Any]:
+        """Every scheduler by its optimizer's name."""
+
+    @property
+    def manual(self) -> bool:
+        """Whether the model's ``training_step(batch, optim)`` steps the optimizers itself."""
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
