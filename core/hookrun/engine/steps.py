@@ -68,7 +68,18 @@ def training_losses(
     if criterion is not None:
         inputs, targets = criterion_pair(batch)
         return {"loss": criterion(model(inputs), targets)}
-    return model_outputs(model(**batch) if isinstance(batch, Mapping) else model(batch), module)
+    return model_outputs(own_loss_call(model, module, batch), module)
+
+
+def own_loss_call(model: nn.Module, module: nn.Module, batch: Any) -> Any:
+    """``model(**batch)`` or ``model(batch)``; a model that cannot take the batch so (a
+    ``TypeError`` at the call) is one line naming the convention and the way out."""
+    try:
+        return model(**batch) if isinstance(batch, Mapping) else model(batch)
+    except TypeError as exc:
+        raise StepError(
+            f"{type(module).__name__} cannot take {_kind(batch)} ({OWN_LOSS}): {exc}; {WAY_OUT}"
+        ) from None
 
 
 def step_outputs(out: Any, where: str, required: bool) -> dict[str, Any]:
@@ -166,7 +177,7 @@ def evaluation_values(
         for name, fn in metrics.items():
             values[name] = fn(outputs, targets)
         return values
-    outputs = module(**batch) if isinstance(batch, Mapping) else module(batch)
+    outputs = own_loss_call(module, module, batch)
     values = {"loss": model_outputs(outputs, module)["loss"]}
     for name, fn in metrics.items():
         values[name] = fn(outputs, batch)
