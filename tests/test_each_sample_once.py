@@ -127,5 +127,5 @@ def test_each_sample_once_on_uneven_shares_and_after_resuming_on_three_ranks(tmp
     net = model()
     net.load_state_dict(saved["model"])
     opt = optimizer(net)
-    opt.load_state_dict(saved["optimizer"])
+    opt.load_state_dict(saved["optimizers"]["main"])
     assert_by_hand(on_three, three, net, opt)
