@@ -100,7 +100,8 @@ class OptimizerStep:
     @property
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """The run's optimizers by name (``"main"`` when there is one)."""
-        return self.runner.optimizers  # type: ignore[no-any-return]
+        optimizers: dict[str, torch.optim.Optimizer] = self.runner.optimizers
+        return optimizers
 
     def simple(self) -> bool:
         """Whether a step is only ``backward``, ``step`` and ``zero_grad``: one optimizer,
@@ -231,8 +232,8 @@ class OptimizerStep:
             items = all_reduce_sum(items.to(self.runner.device)).cpu()
         self.items = 0
         factor = world / max(float(items), 1.0)
-        grads = [p.grad for opt in self.optimizers.values() for p in _params(opt)]
-        grads = [g for g in grads if g is not None]
+        params = [p for opt in self.optimizers.values() for p in _params(opt)]
+        grads = [p.grad for p in params if p.grad is not None]
         if grads:
             torch._foreach_mul_(grads, factor)
 
