@@ -33,23 +33,18 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import Field, ValidationInfo, field_validator
+from typing import Any
 
 from hookrun import (
     CheckpointError,
     ConfigError,
     Plugin,
-    PluginSettings,
     Priority,
     RunnerProtocol,
     all_gather_object,
-    atomic_write_text,
     barrier,
     better,
     hookimpl,
-    remove_checkpoint,
     resolve_rule,
 )
 from hookrun_checkpoint.background import BackgroundWriter, HostCopy
@@ -57,117 +52,18 @@ from hookrun_checkpoint.ledger import (
     BEST,
     ROTATING,
     TOP,
+    Ledger,
     Rule,
-    inside,
     plain_name,
     position_name,
     rank_top,
     read_bookkeeping,
     survey,
 )
+from hookrun_checkpoint.settings import CheckpointSettings
+from hookrun_checkpoint.storage import PARTIAL, TEMP, LocalStorage
 
 __all__ = ["Checkpoint", "CheckpointSettings", "HostCopy"]
-
-STALE_TEMP = re.compile(r"\.(?:[\w.-]+\.pt|latest)\..+\.tmp")
-STALE_PARTIAL = re.compile(r"\.[\w.-]+\.pt\.partial")  # a sharded save that never finished
-
-
-class CheckpointSettings(PluginSettings):
-    """Settings of the ``checkpoint`` plugin."""
-
-    interval: int = Field(
-        1, ge=1, description="Save every `interval` epochs (`by_epoch: true`) or iterations."
-    )
-    by_epoch: bool = Field(
-        True,
-        description="`true`: save `epoch_<N>.pt` at the end of every `interval`-th epoch; "
-        "`false`: save `iter_<N>.pt` after every `interval`-th iteration (N counts completed "
-        "epochs or iterations); under gradient accumulation at the end of that iteration's "
-        "accumulation group.",
-    )
-    max_keep: int | None = Field(
-        None,
-        ge=1,
-        description="Keep only the newest `max_keep` periodic checkpoints (`null`: keep all). "
-        "The checkpoint the run resumed from and every `best_<metric>.pt` are always kept "
-        "besides them.",
-    )
-    save_last: bool = Field(
-        True,
-        description="Save the final state of every run: at the end of training when the last "
-        "epoch or iteration is not a multiple of `interval`, and when a hook (early stopping, "
-        "for instance) ends training with `stop_training`.",
-    )
-    save_best: str | list[str] | None = Field(
-        None,
-        description="Validation metric(s) whose best value is kept in `best_<metric>.pt`, "
-        "replaced only by a better score than the file holds (never the file the run resumed "
-        "from); `auto` takes the first metric validation reports; `null`: no best checkpoint.",
-    )
-    rule: Literal["greater", "less", "auto"] = Field(
-        "auto",
-        validate_default=True,  # the default is checked against save_best's names too
-        description="Whether a greater or a smaller `save_best` metric is better; `auto` "
-        "decides from the whole words of the name (loss, error, mse, ...: less; accuracy, auc, "
-        "f1, map, iou, ...: greater; the last such word wins) and is an error for a name with "
-        "none of them.",
-    )
-    save_top_k: int | None = Field(
-        None,
-        ge=1,
-        description="Also keep the `save_top_k` best checkpoints of each `save_best` metric as "
-        "`top_<metric>_<value>_iter_<N>.pt`, deleting the one that drops out (a tie keeps the "
-        "earlier); `null`: none. Needs `save_best`.",
-    )
-    save_optimizer: bool = Field(
-        True,
-        description="Store the optimizer state too; without it a resumed run restarts the "
-        "optimizer's moments, so it is no longer exact.",
-    )
-    out_dir: str | None = Field(
-        None,
-        min_length=1,
-        description="Folder of the checkpoints; relative paths are inside `work_dir`. Default "
-        "`<work_dir>/checkpoints`. `resume: auto` looks here.",
-    )
-    save_on_exception: bool = Field(
-        True,
-        description="When training raises (Ctrl-C included), save "
-        "`emergency_iter_<N>.pt` before the exception goes on.",
-    )
-    async_save: bool = Field(
-        False,
-        description="Copy the state to host memory and write the file in a background thread, "
-        "one write at a time; training only stalls for the copy.",
-    )
-
-    @field_validator("save_best")
-    @classmethod
-    def _check_metrics(cls, value: str | list[str] | None) -> str | list[str] | None:
-        names = [value] if isinstance(value, str) else value or []
-        if isinstance(value, list) and not value:
-            raise ValueError("give at least one metric name, or null")
-        if any(not name.strip() for name in names):
-            raise ValueError("metric names must not be empty")
-        if isinstance(value, list) and "auto" in value and len(value) > 1:
-            raise ValueError("'auto' stands alone, not in a list of names")
-        return value
-
-    @field_validator("save_top_k")
-    @classmethod
-    def _check_top_k(cls, value: int | None, info: ValidationInfo) -> int | None:
-        if value is not None and not info.data.get("save_best"):
-            raise ValueError("needs save_best: the metric whose best checkpoints are kept")
-        return value
-
-    @field_validator("rule")
-    @classmethod
-    def _check_rule(cls, value: str, info: ValidationInfo) -> str:
-        best = info.data.get("save_best")
-        if value == "auto" and best not in (None, "auto"):
-            for name in [best] if isinstance(best, str) else best:
-                resolve_rule(name, value)
-        return value
 
 
 class Checkpoint(Plugin[CheckpointSettings]):
@@ -180,11 +76,8 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
     def __init__(self, settings: CheckpointSettings | None = None) -> None:
         super().__init__(settings)
-        self.kept: list[str] = []  # files max_keep rotates, oldest first
-        self.best: dict[str, dict[str, Any]] = {}  # metric -> score, file, rule, epoch, iter
-        self.top: dict[str, list[dict[str, Any]]] = {}  # metric -> save_top_k entries, best first
-        self.latest: str | None = None
-        self.out_dir = Path("checkpoints")
+        self.ledger = Ledger()  # the files kept and why, stored in every checkpoint
+        self.storage = LocalStorage(Path("checkpoints"))
         self.protected: str | None = None  # the file this run resumed from
         self.training = False
         self.stopped = False  # the stop signal's checkpoint is saved: no more saves this run
@@ -196,25 +89,17 @@ class Checkpoint(Plugin[CheckpointSettings]):
     # -- state ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "kept": list(self.kept),
-            "best": {metric: dict(entry) for metric, entry in self.best.items()},
-            "top": {metric: [dict(e) for e in entries] for metric, entries in self.top.items()},
-            "latest": self.latest,
-        }
+        return self.ledger.state_dict()
 
     def _set_state(self, state: dict[str, Any], saved: Any) -> None:
         """Put back bookkeeping this plugin produced itself (no checks needed)."""
-        self.kept = list(state["kept"])
-        self.best = {metric: dict(entry) for metric, entry in state["best"].items()}
-        self.top = {metric: [dict(e) for e in entries] for metric, entries in state["top"].items()}
-        self.latest = state["latest"]
+        self.ledger = Ledger.from_state(state)
         self.saved = saved
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take the bookkeeping a checkpoint holds, keeping only plain file names of the
         plugin's own kinds; what is dropped is named in ``before_train``."""
-        self.kept, self.best, self.top, self.latest, self.ignored = read_bookkeeping(state)
+        self.ledger, self.ignored = read_bookkeeping(state)
 
     def checkpoint_dir(self, work_dir: Path) -> Path | None:
         """``out_dir`` (inside ``work_dir`` when relative); None keeps the run's default."""
@@ -224,38 +109,38 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
     @hookimpl
     def before_run(self, runner: RunnerProtocol) -> None:
-        self.out_dir = runner.checkpoint_dir
+        self.storage = LocalStorage(runner.checkpoint_dir)
         if runner.mode != "train":
             return
         self.training = self.stopped = False
         self.saved = None
-        if runner.is_main and self.out_dir.is_dir():
-            for leftover in self.out_dir.iterdir():  # temporary files of a killed write
-                if STALE_TEMP.fullmatch(leftover.name) or STALE_PARTIAL.fullmatch(leftover.name):
-                    remove_checkpoint(leftover)
+        if runner.is_main:
+            for name in self.storage.names():
+                if leftover(name):
+                    self.storage.remove(name)
 
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
         """Name what the checkpoint's bookkeeping held that is no file name, forget files
-        that are gone or lie outside ``out_dir``, take each metric's best score from the best
+        that are gone or lie outside the folder, take each metric's best score from the best
         files themselves, and protect the file this run resumed from. Rank 0 looks at the
         folder; every rank takes its answer."""
         self.training = True
+        folder = self.storage.folder
         for what, why in self.ignored:
-            runner.info(f"checkpoint: ignoring {what} from the checkpoint: {why} {self.out_dir}")
+            runner.info(f"checkpoint: ignoring {what} from the checkpoint: {why} {folder}")
         self.ignored = []
         view = None
         if runner.is_main:
-            s = self.settings
-            view = survey(self.out_dir, self.kept, self.best, self.top, s.save_best, s.rule)
+            view = survey(self.storage, self.ledger, self.settings.save_best, self.settings.rule)
         if runner.world_size > 1:
             view = all_gather_object(view)[0]
         assert view is not None
-        self.kept, self.best, self.top, notices = view
+        self.ledger, notices = view
         for line in notices:
             runner.info(line)
         resumed, self.protected = runner.resumed_from, None
-        if resumed is not None and resumed.parent.resolve() == self.out_dir.resolve():
+        if resumed is not None and self.storage.holds(resumed):
             self.protected = resumed.name
         if self.settings.save_best and runner.val_dataloader is None:
             runner.info("checkpoint: save_best is set but there is no val_dataloader")
@@ -313,7 +198,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
             stem = re.sub(r"[^A-Za-z0-9_.-]", "_", metric)
             if self.settings.save_top_k is not None:
                 name = f"top_{stem}_{value:.6g}_iter_{runner.iter}.pt"
-                entries = [e for e in self.top.get(metric, []) if e["file"] != name]
+                entries = [e for e in self.ledger.top.get(metric, []) if e["file"] != name]
                 kept, dropped = rank_top(
                     [*entries, {**record, "file": name}], self.settings.save_top_k
                 )
@@ -321,7 +206,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
                     top[metric] = kept
                     names.append(name)
                     superseded += [e["file"] for e in dropped if e["file"] != self.protected]
-            entry = self.best.get(metric)
+            entry = self.ledger.best.get(metric)
             if not (entry is None or better(rule, value, entry["score"])):
                 continue
             name = f"best_{stem}.pt"
@@ -344,10 +229,10 @@ class Checkpoint(Plugin[CheckpointSettings]):
         followed it), that file is the answer and nothing is written again."""
         self.stopped = True
         if self.saved is not None and self.saved[0] == runner.position.state_dict():
-            return self.out_dir / self.saved[1]
+            return self.storage.path(self.saved[1])
         self._save(runner, background=False)
-        assert self.latest is not None
-        return self.out_dir / self.latest
+        assert self.ledger.latest is not None
+        return self.storage.path(self.ledger.latest)
 
     @hookimpl
     def after_train(self, runner: RunnerProtocol) -> None:
@@ -434,29 +319,32 @@ class Checkpoint(Plugin[CheckpointSettings]):
         background: bool,
         superseded: list[str] | None,
     ) -> None:
-        """The body of :meth:`_save`: bookkeeping for the new file, the state, the write."""
-        self.best.update(best or {})
-        self.top.update(top or {})
+        """The body of :meth:`_save`: the record with the new file, the state, the write.
+        The files to delete are those the record no longer keeps in any role."""
+        ledger = self.ledger
+        ledger.best.update(best or {})
+        ledger.top.update(top or {})
         state = runner.checkpoint_state(self.settings.save_optimizer)
         if names is None:
             names = [position_name(state, self.settings.by_epoch and not emergency)]
             if emergency:
                 names = ["emergency_" + names[0]]
-            self.kept = [name for name in self.kept if name != names[0]] + names
-        delete = self._rotate() + list(superseded or ())
-        self.latest = names[-1]
+            ledger.kept = [name for name in ledger.kept if name != names[0]] + names
+        ledger.latest = names[-1]
+        dropped = ledger.rotate(self.settings.max_keep, self.protected)
+        delete = ledger.release(dropped + list(superseded or ()), self.protected)
         self.saved = (dict(state["loop"]), names[-1])
         state.setdefault("plugins", {})[self.name] = self.state_dict()
-        paths = [self.out_dir / name for name in names]
         if not (runner.is_main or runner.sharded_checkpoints):
             return
+        storage, paths = self.storage, [self.storage.path(name) for name in names]
         if background:
             job = self.writer.host.copy(state)
             write = runner.write_checkpoint
-            self.writer.submit(lambda: self._write(write, job, paths, delete), paths[0])
+            self.writer.submit(lambda: _write(storage, write, job, names, delete), paths[0])
             runner.info(f"checkpoint: writing {paths[0]} in the background")
         else:
-            self._write(runner.write_checkpoint, state, paths, delete, runner.is_main)
+            _write(storage, runner.write_checkpoint, state, names, delete, runner.is_main)
             kind = "emergency checkpoint" if emergency else "checkpoint"
             runner.info(f"checkpoint: saved {kind} {', '.join(map(str, paths))}")
 
@@ -470,45 +358,6 @@ class Checkpoint(Plugin[CheckpointSettings]):
             if undo is not None:
                 self._set_state(*undo)
             raise
-
-    def _rotate(self) -> list[str]:
-        """Files to delete so that at most ``max_keep`` rotating files remain, never the one
-        the run resumed from (it does not count) and never one being written."""
-        if self.settings.max_keep is None:
-            return []
-        rotating = [name for name in self.kept if name != self.protected]
-        delete = rotating[: max(0, len(rotating) - self.settings.max_keep)]
-        self.kept = [name for name in self.kept if name not in delete]
-        return delete
-
-    def _write(
-        self,
-        write: Callable[[dict[str, Any], Path], Path],
-        state: dict[str, Any],
-        paths: list[Path],
-        delete: list[str],
-        main: bool = True,
-    ) -> None:
-        """``write`` is the runner's: the background thread holds it, not the runner. Only
-        the ``main`` process (rank 0) points ``latest`` and deletes."""
-        for path in paths:
-            write(state, path)
-        if not main:
-            return
-        pointer = self.out_dir / "latest"
-        try:
-            atomic_write_text(paths[-1].name + "\n", pointer)
-        except OSError as exc:
-            raise CheckpointError(f"cannot write {pointer}: {exc.strerror or exc}") from exc
-        for name in delete:
-            own = any(plain_name(name, kind) for kind in (ROTATING, BEST, TOP))
-            if not own or not inside(self.out_dir, name):
-                continue  # never reached: the bookkeeping holds only such names
-            try:
-                remove_checkpoint(self.out_dir / name)
-            except OSError as exc:  # an old file left behind is no reason to stop training
-                message = f"[hookrun] checkpoint: cannot delete {self.out_dir / name}: {exc}"
-                print(message, file=sys.stderr)
 
     def _best_metrics(self, metrics: dict[str, float]) -> dict[str, Rule]:
         """The ``save_best`` names, checked against what validation reported, and their
@@ -530,3 +379,42 @@ class Checkpoint(Plugin[CheckpointSettings]):
             except ValueError as exc:
                 raise ConfigError(f"plugins.checkpoint.rule: {exc}") from None
         return rules
+
+
+def _write(
+    storage: LocalStorage,
+    write: Callable[[dict[str, Any], Path], Path],
+    state: dict[str, Any],
+    names: list[str],
+    delete: list[str],
+    main: bool = True,
+) -> None:
+    """Write ``state`` to ``names``, then (only the ``main`` process, rank 0) point
+    ``latest`` at the last and delete ``delete``. ``write`` is the runner's: the background
+    thread holds it, not the runner."""
+    for name in names:
+        storage.write(write, state, name)
+    if not main:
+        return
+    storage.write_text("latest", names[-1] + "\n")
+    for name in delete:
+        own = any(plain_name(name, kind) for kind in (ROTATING, BEST, TOP))
+        if not own or not storage.inside(name):
+            continue  # never reached: the record holds only such names
+        try:
+            storage.remove(name)
+        except OSError as exc:  # an old file left behind is no reason to stop training
+            message = f"[hookrun] checkpoint: cannot delete {storage.path(name)}: {exc}"
+            print(message, file=sys.stderr)
+
+
+def leftover(name: str) -> bool:
+    """Whether ``name`` is what a killed write of this plugin leaves behind: the core's
+    temporary file (``.<name>.<12 hex digits>.tmp``) or a sharded save's ``.<name>.partial``
+    folder, for a file name of the plugin's own kinds or the ``latest`` pointer."""
+    found = TEMP.fullmatch(name) or PARTIAL.fullmatch(name)
+    if found is None:
+        return False
+    target = found["name"]
+    return target == "latest" or any(plain_name(target, kind) for kind in (ROTATING, BEST, TOP))
+
