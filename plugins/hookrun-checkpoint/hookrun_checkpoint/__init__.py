@@ -88,6 +88,11 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
     # -- state ---------------------------------------------------------------------------
 
+    @property
+    def best(self) -> dict[str, dict[str, Any]]:
+        """Each metric's best entry (score, file, rule, epoch, iter), from the record."""
+        return self.ledger.best
+
     def state_dict(self) -> dict[str, Any]:
         return self.ledger.state_dict()
 
