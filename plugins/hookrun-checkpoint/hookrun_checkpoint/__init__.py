@@ -43,7 +43,6 @@ from hookrun import (
     RunnerProtocol,
     all_gather_object,
     barrier,
-    better,
     hookimpl,
     resolve_rule,
 )
@@ -56,7 +55,6 @@ from hookrun_checkpoint.ledger import (
     Rule,
     plain_name,
     position_name,
-    rank_top,
     read_bookkeeping,
     survey,
 )
@@ -78,13 +76,13 @@ class Checkpoint(Plugin[CheckpointSettings]):
         super().__init__(settings)
         self.ledger = Ledger()  # the files kept and why, stored in every checkpoint
         self.storage = LocalStorage(Path("checkpoints"))
-        self.protected: str | None = None  # the file this run resumed from
         self.training = False
         self.stopped = False  # the stop signal's checkpoint is saved: no more saves this run
         self.saved: tuple[dict[str, Any], str] | None = None  # (loop, file) of the last save
         self.writer = BackgroundWriter()
         self.ignored: list[tuple[str, str]] = []  # (what, why) dropped by load_state_dict
-        self.undo: tuple[dict[str, Any], Any] | None = None  # (state, saved) before the write
+        self.pending: list[str] = []  # files whose last role ended at the start of training
+        self.undo: tuple[dict[str, Any], Any, list[str]] | None = None  # before the write
 
     # -- state ---------------------------------------------------------------------------
 
@@ -96,10 +94,10 @@ class Checkpoint(Plugin[CheckpointSettings]):
     def state_dict(self) -> dict[str, Any]:
         return self.ledger.state_dict()
 
-    def _set_state(self, state: dict[str, Any], saved: Any) -> None:
+    def _set_state(self, state: dict[str, Any], saved: Any, pending: list[str]) -> None:
         """Put back bookkeeping this plugin produced itself (no checks needed)."""
         self.ledger = Ledger.from_state(state)
-        self.saved = saved
+        self.saved, self.pending = saved, pending
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take the bookkeeping a checkpoint holds, keeping only plain file names of the
@@ -128,8 +126,9 @@ class Checkpoint(Plugin[CheckpointSettings]):
     def before_train(self, runner: RunnerProtocol) -> None:
         """Name what the checkpoint's bookkeeping held that is no file name, forget files
         that are gone or lie outside the folder, take each metric's best score from the best
-        files themselves, and protect the file this run resumed from. Rank 0 looks at the
-        folder; every rank takes its answer."""
+        files themselves, and give the file this run resumed from its role in the record (the
+        file an earlier run resumed from loses it). Rank 0 looks at the folder; every rank
+        takes its answer."""
         self.training = True
         folder = self.storage.folder
         for what, why in self.ignored:
@@ -144,9 +143,11 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self.ledger, notices = view
         for line in notices:
             runner.info(line)
-        resumed, self.protected = runner.resumed_from, None
-        if resumed is not None and self.storage.holds(resumed):
-            self.protected = resumed.name
+        resumed, earlier = runner.resumed_from, self.ledger.resumed
+        self.ledger.resumed = None
+        if resumed is not None and self.storage.holds(resumed) and own_file(resumed.name):
+            self.ledger.resumed = resumed.name
+        self.pending = [earlier] if earlier is not None else []
         if self.settings.save_best and runner.val_dataloader is None:
             runner.info("checkpoint: save_best is set but there is no val_dataloader")
 
@@ -191,39 +192,27 @@ class Checkpoint(Plugin[CheckpointSettings]):
         """
         if not self.training or self.stopped or not self.settings.save_best:
             return
-        updates: dict[str, dict[str, Any]] = {}
-        top: dict[str, list[dict[str, Any]]] = {}
-        names: list[str] = []  # the top files to write, then the best files
-        superseded: list[str] = []
+        record = self.ledger.copy()
+        tops: list[str] = []
+        bests: dict[str, dict[str, Any]] = {}
         for metric, rule in self._best_metrics(metrics).items():
             value = float(metrics[metric])
             if math.isnan(value):
                 continue
-            record = {"score": value, "rule": rule, "epoch": runner.epoch, "iter": runner.iter}
+            entry = {"score": value, "rule": rule, "epoch": runner.epoch, "iter": runner.iter}
             stem = re.sub(r"[^A-Za-z0-9_.-]", "_", metric)
-            if self.settings.save_top_k is not None:
-                name = f"top_{stem}_{value:.6g}_iter_{runner.iter}.pt"
-                entries = [e for e in self.ledger.top.get(metric, []) if e["file"] != name]
-                kept, dropped = rank_top(
-                    [*entries, {**record, "file": name}], self.settings.save_top_k
-                )
-                if any(e["file"] == name for e in kept) and name != self.protected:
-                    top[metric] = kept
-                    names.append(name)
-                    superseded += [e["file"] for e in dropped if e["file"] != self.protected]
-            entry = self.ledger.best.get(metric)
-            if not (entry is None or better(rule, value, entry["score"])):
-                continue
+            k, name = self.settings.save_top_k, f"top_{stem}_{value:.6g}_iter_{runner.iter}.pt"
+            if k is not None and record.add_top(metric, {**entry, "file": name}, k):
+                tops.append(name)
             name = f"best_{stem}.pt"
-            if name == self.protected:
+            if name == record.resumed:
                 name = f"best_{stem}.iter_{runner.iter}.pt"
-            updates[metric] = {**record, "file": name}
-            if entry is not None and entry["file"] not in (name, self.protected):
-                superseded.append(entry["file"])
-        names += [entry["file"] for entry in updates.values()]
+            if record.add_best(metric, {**entry, "file": name}):
+                bests[metric] = record.best[metric]
+        names = tops + [entry["file"] for entry in bests.values()]
         if names:
-            self._save(runner, names, best=updates, top=top, superseded=superseded)
-            scores = ", ".join(f"{m} {e['score']:.6g}" for m, e in updates.items())
+            self._save(runner, names, record)
+            scores = ", ".join(f"{m} {e['score']:.6g}" for m, e in bests.items())
             if scores:
                 runner.info(f"checkpoint: new best {scores}")
 
@@ -288,29 +277,28 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self,
         runner: RunnerProtocol,
         names: list[str] | None = None,
-        best: dict[str, dict[str, Any]] | None = None,
-        top: dict[str, list[dict[str, Any]]] | None = None,
+        record: Ledger | None = None,
         emergency: bool = False,
         background: bool = True,
-        superseded: list[str] | None = None,
     ) -> None:
-        """Write one state to ``names`` (default: a name from its position), then point
-        ``latest`` at it and delete what ``max_keep`` lets go and the best files
-        ``superseded``. The file holds the bookkeeping as it is once the file exists; until
-        then any failure (a ``before_save_checkpoint`` hook, the host copy, the write) puts
-        the bookkeeping back as it was, so no later checkpoint claims a file that was never
-        written. A background write keeps the old bookkeeping in ``undo`` until ``_wait``."""
+        """Write one state to ``names`` with ``record`` as the next record (default: a
+        periodic name from its position, added to the record), then point ``latest`` at it
+        and delete the files whose last role this save took away. The file holds the record
+        as it is once the file exists; until then any failure (a ``before_save_checkpoint``
+        hook, the host copy, the write) puts the record back as it was, so no later
+        checkpoint claims a file that was never written. A background write keeps the old
+        record in ``undo`` until ``_wait``."""
         self._wait()
-        previous, previous_saved = self.state_dict(), self.saved
+        previous = (self.state_dict(), self.saved, self.pending)
         sharded = runner.sharded_checkpoints  # FSDP: every rank writes its shards, in step
         background = background and self.settings.async_save and not sharded
         try:
-            self._save_now(runner, names, best, top, emergency, background, superseded)
+            self._save_now(runner, names, record, emergency, background)
         except BaseException:
-            self._set_state(previous, previous_saved)
+            self._set_state(*previous)
             raise
         if background and runner.is_main:
-            self.undo = (previous, previous_saved)
+            self.undo = previous
         if not background:
             barrier()
 
@@ -318,26 +306,20 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self,
         runner: RunnerProtocol,
         names: list[str] | None,
-        best: dict[str, dict[str, Any]] | None,
-        top: dict[str, list[dict[str, Any]]] | None,
+        record: Ledger | None,
         emergency: bool,
         background: bool,
-        superseded: list[str] | None,
     ) -> None:
-        """The body of :meth:`_save`: the record with the new file, the state, the write.
-        The files to delete are those the record no longer keeps in any role."""
-        ledger = self.ledger
-        ledger.best.update(best or {})
-        ledger.top.update(top or {})
+        """The body of :meth:`_save`: the next record, the state, the write."""
+        before = [*self.ledger.roles(), *self.pending]
+        ledger = self.ledger = record or self.ledger
         state = runner.checkpoint_state(self.settings.save_optimizer)
         if names is None:
-            names = [position_name(state, self.settings.by_epoch and not emergency)]
-            if emergency:
-                names = ["emergency_" + names[0]]
-            ledger.kept = [name for name in ledger.kept if name != names[0]] + names
+            name = position_name(state, self.settings.by_epoch and not emergency)
+            names = ["emergency_" + name] if emergency else [name]
+            ledger.add_periodic(names[0], self.settings.max_keep)
         ledger.latest = names[-1]
-        dropped = ledger.rotate(self.settings.max_keep, self.protected)
-        delete = ledger.release(dropped + list(superseded or ()), self.protected)
+        delete, self.pending = ledger.released(before), []
         self.saved = (dict(state["loop"]), names[-1])
         state.setdefault("plugins", {})[self.name] = self.state_dict()
         if not (runner.is_main or runner.sharded_checkpoints):
@@ -403,8 +385,7 @@ def _write(
         return
     storage.write_text("latest", names[-1] + "\n")
     for name in delete:
-        own = any(plain_name(name, kind) for kind in (ROTATING, BEST, TOP))
-        if not own or not storage.inside(name):
+        if not own_file(name) or not storage.inside(name):
             continue  # never reached: the record holds only such names
         try:
             storage.remove(name)
@@ -421,5 +402,9 @@ def leftover(name: str) -> bool:
     if found is None:
         return False
     target = found["name"]
-    return target == "latest" or any(plain_name(target, kind) for kind in (ROTATING, BEST, TOP))
+    return target == "latest" or own_file(target)
 
+
+def own_file(name: str) -> bool:
+    """Whether ``name`` is a plain file name of one of the plugin's own kinds."""
+    return any(plain_name(name, kind) for kind in (ROTATING, BEST, TOP))

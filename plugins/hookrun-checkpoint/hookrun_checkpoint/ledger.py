@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,15 +29,17 @@ TOP = re.compile(r"top_[A-Za-z0-9_.+-]+_iter_[0-9]+\.pt")
 
 @dataclass
 class Ledger:
-    """The one record of the files the plugin keeps, and why: each file's roles (periodic,
-    the best of a metric, among a metric's top k, ``latest``) are read from it, so a file
-    is deleted only once no role keeps it, and what is stored in every checkpoint is this
-    record itself."""
+    """The one record of the files the plugin keeps, and the roles that keep each: periodic
+    files ranked by age (``max_keep`` newest), each metric's top files ranked by score
+    (``save_top_k`` best), each metric's best file, the file this run resumed from, and
+    ``latest``. Every kind of save proposes the next record; a file is deleted exactly when a
+    save takes its last role away. What every checkpoint stores is this record itself."""
 
     kept: Kept = field(default_factory=list)
     best: Best = field(default_factory=dict)
     top: Top = field(default_factory=dict)
     latest: str | None = None
+    resumed: str | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -44,17 +47,22 @@ class Ledger:
             "best": {metric: dict(entry) for metric, entry in self.best.items()},
             "top": {metric: [dict(e) for e in entries] for metric, entries in self.top.items()},
             "latest": self.latest,
+            "resumed": self.resumed,
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Ledger:
         """A copy of a record this plugin produced itself (no checks needed)."""
-        copy = cls()
-        copy.kept = list(state["kept"])
-        copy.best = {metric: dict(entry) for metric, entry in state["best"].items()}
-        copy.top = {m: [dict(e) for e in entries] for m, entries in state["top"].items()}
-        copy.latest = state["latest"]
-        return copy
+        return cls(
+            list(state["kept"]),
+            {metric: dict(entry) for metric, entry in state["best"].items()},
+            {metric: [dict(e) for e in entries] for metric, entries in state["top"].items()},
+            state["latest"],
+            state["resumed"],
+        )
+
+    def copy(self) -> Ledger:
+        return Ledger.from_state(self.state_dict())
 
     def roles(self) -> dict[str, set[str]]:
         """Each file the record holds, with the roles that keep it."""
@@ -66,26 +74,43 @@ class Ledger:
         for metric, entries in self.top.items():
             for entry in entries:
                 held.setdefault(entry["file"], set()).add(f"top {metric}")
-        if self.latest is not None:
-            held.setdefault(self.latest, set()).add("latest")
+        for role, name in (("resumed", self.resumed), ("latest", self.latest)):
+            if name is not None:
+                held.setdefault(name, set()).add(role)
         return held
 
-    def rotate(self, max_keep: int | None, protected: str | None) -> list[str]:
-        """Drop the oldest periodic entries beyond ``max_keep`` (the ``protected`` file does
-        not count) and return their names."""
-        if max_keep is None:
-            return []
-        rotating = [name for name in self.kept if name != protected]
-        dropped = rotating[: max(0, len(rotating) - max_keep)]
-        self.kept = [name for name in self.kept if name not in dropped]
-        return dropped
+    def add_periodic(self, name: str, max_keep: int | None) -> None:
+        """Rank ``name`` as the newest periodic file and let the oldest beyond ``max_keep``
+        go (the file this run resumed from does not count)."""
+        self.kept = [kept for kept in self.kept if kept != name] + [name]
+        if max_keep is not None:
+            rotating = [kept for kept in self.kept if kept != self.resumed]
+            dropped = rotating[: max(0, len(rotating) - max_keep)]
+            self.kept = [kept for kept in self.kept if kept not in dropped]
 
-    def release(self, names: list[str], protected: str | None) -> list[str]:
-        """Those of ``names`` that no role keeps any more and that are not ``protected``:
-        the files to delete, each once."""
+    def add_top(self, metric: str, entry: dict[str, Any], k: int) -> bool:
+        """Rank ``entry`` among the metric's top files; whether it is among the ``k`` best
+        (the one it pushes out loses its role)."""
+        entries = [e for e in self.top.get(metric, []) if e["file"] != entry["file"]]
+        kept, _ = rank_top([*entries, entry], k)
+        if entry["file"] == self.resumed or all(e["file"] != entry["file"] for e in kept):
+            return False
+        self.top[metric] = kept
+        return True
+
+    def add_best(self, metric: str, entry: dict[str, Any]) -> bool:
+        """Make ``entry`` the metric's best when it beats the best so far; whether it did."""
+        held = self.best.get(metric)
+        if held is not None and not better(entry["rule"], entry["score"], held["score"]):
+            return False
+        self.best[metric] = entry
+        return True
+
+    def released(self, before: Iterable[str]) -> list[str]:
+        """Those of ``before`` (the files held before a save) that no role keeps now: the
+        files to delete, each once, in order."""
         held = self.roles()
-        free = [name for name in names if name not in held and name != protected]
-        return list(dict.fromkeys(free))
+        return [name for name in dict.fromkeys(before) if name not in held]
 
 
 def read_bookkeeping(state: dict[str, Any]) -> tuple[Ledger, list[tuple[str, str]]]:
@@ -118,13 +143,13 @@ def read_bookkeeping(state: dict[str, Any]) -> tuple[Ledger, list[tuple[str, str
                 ignored.append((f"top entry {metric!r} ({entry!r})", "not a file name in"))
             else:
                 own_top.setdefault(str(metric), []).append(dict(entry))
-    latest = state.get("latest")
-    own_latest = None
-    if any(plain_name(latest, kind) for kind in (ROTATING, BEST, TOP)):
-        own_latest = latest
-    elif latest is not None:
-        ignored.append((f"latest {latest!r}", "not a file name in"))
-    return Ledger(own_kept, own_best, own_top, own_latest), ignored
+    own: dict[str, str | None] = {}
+    for key in ("latest", "resumed"):
+        name = state.get(key)
+        own[key] = name if any(plain_name(name, kind) for kind in (ROTATING, BEST, TOP)) else None
+        if name is not None and own[key] is None:
+            ignored.append((f"{key} {name!r}", "not a file name in"))
+    return Ledger(own_kept, own_best, own_top, own["latest"], own["resumed"]), ignored
 
 
 def survey(
@@ -154,9 +179,12 @@ def survey(
         metric: [e for e in entries if usable(f"top entry {metric!r} ({e['file']!r})", e["file"])]
         for metric, entries in record.top.items()
     }
+    resumed = record.resumed
+    if resumed is not None and not usable(f"resumed {resumed!r}", resumed):
+        resumed = None
     if save_best:
         best = best_on_disk(storage, best, save_best, rule, notices)
-    return Ledger(kept, best, top, record.latest), notices
+    return Ledger(kept, best, top, record.latest, resumed), notices
 
 
 def best_on_disk(
