@@ -2,24 +2,19 @@
 
 The plugin decides when, where and how many; the core writes (``runner.checkpoint_state``,
 ``runner.write_checkpoint``), so every file is atomic and loads with ``weights_only=True``.
-After each file is complete, and in this order, the ``latest`` pointer is replaced and the
-files ``max_keep`` lets go are deleted: a crash at any moment leaves ``latest`` naming a
-complete checkpoint. The bookkeeping (rotating files, best scores) is plugin state, stored in
-every checkpoint, so it survives a resume.
-
-Nothing read from a checkpoint is used as a path (see ``hookrun_checkpoint.ledger``, which
-reads and checks the bookkeeping).
+Which files are kept, and why, is one record (``hookrun_checkpoint.ledger.Ledger``): every
+kind of save proposes the next record, and after the file is complete, in this order, the
+``latest`` pointer is replaced and the files the save took their last role from are deleted:
+a crash at any moment leaves ``latest`` naming a complete checkpoint. The record is stored in
+every checkpoint, so it survives a resume; nothing read from it is used as a path. Every file
+operation goes through one small interface (``hookrun_checkpoint.storage.Storage``).
 
 Best files: a new best must beat the score each existing ``best_*.pt`` file of the metric
 actually holds (read from the file at the start of training), so a run resumed from an older
 checkpoint never replaces a better file of an abandoned timeline; a save that fails (a hook
-raising while the state is collected, or the write) leaves the bookkeeping as it was; and the
-file the run resumed from is never written: while it is ``best_<metric>.pt``, the run's new
-bests of that metric go to ``best_<metric>.iter_<N>.pt``.
-
-With ``save_top_k``, the k best scores of a metric also keep their own
-``top_<metric>_<value>_iter_<N>.pt`` files. A run that a hook ends with ``stop_training`` saves
-its final state (``save_last``).
+raising while the state is collected, or the write) leaves the record as it was; and the file
+the run resumed from is never written: while it is ``best_<metric>.pt``, the run's new bests
+of that metric go to ``best_<metric>.iter_<N>.pt``.
 
 Under gradient accumulation an iteration save waits for the end of its accumulation group (a
 file saved inside one would lose the gradients gathered so far), so every periodic file
@@ -59,7 +54,7 @@ from hookrun_checkpoint.ledger import (
     survey,
 )
 from hookrun_checkpoint.settings import CheckpointSettings
-from hookrun_checkpoint.storage import PARTIAL, TEMP, LocalStorage
+from hookrun_checkpoint.storage import PARTIAL, TEMP, LocalStorage, Storage
 
 __all__ = ["Checkpoint", "CheckpointSettings", "HostCopy"]
 
@@ -75,7 +70,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
     def __init__(self, settings: CheckpointSettings | None = None) -> None:
         super().__init__(settings)
         self.ledger = Ledger()  # the files kept and why, stored in every checkpoint
-        self.storage = LocalStorage(Path("checkpoints"))
+        self.storage: Storage = LocalStorage(Path("checkpoints"))
         self.training = False
         self.stopped = False  # the stop signal's checkpoint is saved: no more saves this run
         self.saved: tuple[dict[str, Any], str] | None = None  # (loop, file) of the last save
@@ -369,7 +364,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
 
 def _write(
-    storage: LocalStorage,
+    storage: Storage,
     write: Callable[[dict[str, Any], Path], Path],
     state: dict[str, Any],
     names: list[str],

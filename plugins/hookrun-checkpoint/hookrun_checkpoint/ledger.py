@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hookrun import better, metric_rule
-from hookrun_checkpoint.storage import LocalStorage
+from hookrun_checkpoint.storage import Storage
 
 Rule = Literal["greater", "less"]
 Kept = list[str]  # rotating files, oldest first
@@ -74,9 +74,9 @@ class Ledger:
         for metric, entries in self.top.items():
             for entry in entries:
                 held.setdefault(entry["file"], set()).add(f"top {metric}")
-        for role, name in (("resumed", self.resumed), ("latest", self.latest)):
-            if name is not None:
-                held.setdefault(name, set()).add(role)
+        for role, file in (("resumed", self.resumed), ("latest", self.latest)):
+            if file is not None:
+                held.setdefault(file, set()).add(role)
         return held
 
     def add_periodic(self, name: str, max_keep: int | None) -> None:
@@ -152,9 +152,7 @@ def read_bookkeeping(state: dict[str, Any]) -> tuple[Ledger, list[tuple[str, str
     return Ledger(own_kept, own_best, own_top, own["latest"], own["resumed"]), ignored
 
 
-def survey(
-    storage: LocalStorage, record: Ledger, save_best: Any, rule: str
-) -> tuple[Ledger, list[str]]:
+def survey(storage: Storage, record: Ledger, save_best: Any, rule: str) -> tuple[Ledger, list[str]]:
     """The record's kept names, best and top entries whose files exist (best scores
     checked against the best files themselves), and a notice for each name that resolves
     elsewhere (a symbolic link out of the folder)."""
@@ -188,7 +186,7 @@ def survey(
 
 
 def best_on_disk(
-    storage: LocalStorage, best: Best, wanted: Any, rule_setting: str, notices: list[str]
+    storage: Storage, best: Best, wanted: Any, rule_setting: str, notices: list[str]
 ) -> Best:
     """``best`` checked against the best files in ``storage``: each file says which
     scores it holds itself (its bookkeeping's entries naming it). Such a score replaces
@@ -273,7 +271,7 @@ def best_entry(entry: Any) -> dict[str, Any] | None:
     return entry
 
 
-def stored_best(storage: LocalStorage, name: str) -> dict[str, dict[str, Any]]:
+def stored_best(storage: Storage, name: str) -> dict[str, dict[str, Any]]:
     """The best entries that checkpoint ``name`` records for itself (those naming it),
     read without loading its tensors; nothing when it does not load."""
     try:

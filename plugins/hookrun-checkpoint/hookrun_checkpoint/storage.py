@@ -1,9 +1,10 @@
 """Where the checkpoint plugin's files live: one folder behind a small interface.
 
-Every file operation of the plugin goes through :class:`LocalStorage`, addressed by plain
-file names, so a storage elsewhere (fsspec) is one more class with the same methods. The
+Every file operation of the plugin (write, list, read, exists, remove) goes through a
+:class:`Storage`, addressed by plain file names; :class:`LocalStorage` is the local file
+system's. A storage elsewhere (fsspec) is one more class with the same methods. The
 checkpoint files themselves are written by the core (``runner.write_checkpoint``: atomic,
-checked to load with ``weights_only=True``); the storage names the path it writes to.
+checked to load with ``weights_only=True``); the storage says where.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -23,8 +24,42 @@ TEMP = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}\.tmp")
 PARTIAL = re.compile(r"\.(?P<name>.+)\.partial")
 
 
+class Storage(Protocol):
+    """The checkpoint folder as the plugin sees it: files by plain name, each written
+    atomically under its final name (a reader never sees half a file)."""
+
+    folder: Path  # for messages, and the folder ``runner.checkpoint_dir`` names
+
+    def path(self, name: str) -> Path:
+        """Where ``name`` is, for the core's writer and for messages."""
+
+    def holds(self, path: Path) -> bool:
+        """Whether ``path`` (the file a run resumed from) is one of this folder's files."""
+
+    def inside(self, name: str) -> bool:
+        """Whether ``name`` stays in the folder (a link out of it does not)."""
+
+    def names(self) -> list[str]:
+        """The names in the folder, sorted."""
+
+    def exists(self, name: str) -> bool:
+        """Whether ``name`` is there."""
+
+    def write(self, write: Callable[[dict[str, Any], Path], Path], state: Any, name: str) -> None:
+        """Write checkpoint ``name`` with the core's atomic ``write``."""
+
+    def write_text(self, name: str, text: str) -> None:
+        """Replace the small text file ``name`` atomically."""
+
+    def read_state(self, name: str) -> Any:
+        """The non-tensor state of checkpoint ``name``; raises when it does not load."""
+
+    def remove(self, name: str) -> None:
+        """Delete checkpoint ``name`` (nothing when it is gone)."""
+
+
 class LocalStorage:
-    """The checkpoint folder on the local file system."""
+    """The checkpoint folder on the local file system (a :class:`Storage`)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder

@@ -13,8 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hookrun_checkpoint
 import pytest
 import torch
+from hookrun_checkpoint.storage import LocalStorage
 
 SETTINGS = {"by_epoch": False, "interval": 3, "max_keep": 2, "save_best": "accuracy",
             "save_top_k": 2}  # fmt: skip
@@ -106,3 +108,35 @@ def test_folder_and_each_best_file_agree_with_the_record_across_a_resume(
     assert not (runner.checkpoint_dir / "best_accuracy.iter_28.pt").exists()  # 0.99 replaced it
     assert record["best"]["accuracy"]["file"] == "best_accuracy.pt"
     assert record["best"]["accuracy"]["score"] == pytest.approx(0.99)
+
+
+def test_every_file_the_plugin_writes_or_deletes_goes_through_its_storage(
+    make_runner: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, str]] = []
+
+    class Recording(LocalStorage):
+        def write(self, write: Any, state: Any, name: str) -> None:
+            calls.append(("write", name))
+            super().write(write, state, name)
+
+        def write_text(self, name: str, text: str) -> None:
+            calls.append(("write", name))
+            super().write_text(name, text)
+
+        def remove(self, name: str) -> None:
+            calls.append(("remove", name))
+            super().remove(name)
+
+        def names(self) -> list[str]:
+            calls.append(("list", ""))
+            return super().names()
+
+    monkeypatch.setattr(hookrun_checkpoint, "LocalStorage", Recording)
+    runner = make_runner(SETTINGS, SCORES, max_epochs=4)
+    runner.train()
+    written = {name for op, name in calls if op == "write"}
+    removed = {name for op, name in calls if op == "remove"}
+    assert {path.name for path in runner.checkpoint_dir.iterdir()} == written - removed
+    assert removed and removed <= written  # rotated and pushed-out files, all written here
+    assert ("list", "") in calls  # leftovers of killed writes are looked for there too
