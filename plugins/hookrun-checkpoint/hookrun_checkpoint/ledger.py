@@ -1,5 +1,5 @@
-"""The checkpoint plugin's bookkeeping: which files it keeps, read from a checkpoint and
-checked against the folder.
+"""The checkpoint plugin's record, the ledger: which files it keeps and the roles that keep
+each; read from a checkpoint and checked against the folder.
 
 Nothing read from a checkpoint is used as a path: only plain file names of the plugin's own
 kinds (``epoch_<N>.pt``, ``iter_<N>.pt``, ``emergency_iter_<N>.pt``, ``best_<metric>.pt``,
