@@ -16,7 +16,10 @@ from typing import Any
 import hookrun_checkpoint
 import pytest
 import torch
+from checkpoint_testing import EpochTeller
 from hookrun_checkpoint.storage import LocalStorage
+
+from hookrun import hookimpl
 
 SETTINGS = {"by_epoch": False, "interval": 3, "max_keep": 2, "save_best": "accuracy",
             "save_top_k": 2}  # fmt: skip
@@ -140,3 +143,31 @@ def test_every_file_the_plugin_writes_or_deletes_goes_through_its_storage(
     assert {path.name for path in runner.checkpoint_dir.iterdir()} == written - removed
     assert removed and removed <= written  # rotated and pushed-out files, all written here
     assert ("list", "") in calls  # leftovers of killed writes are looked for there too
+
+
+class FailAt:
+    """Raises after iteration ``n`` (counted from 1) of the first run."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @hookimpl
+    def after_train_iter(self, runner: Any) -> None:
+        if runner.iter + 1 == self.n:
+            raise RuntimeError("boom")
+
+
+def test_an_emergency_file_and_the_run_resumed_from_it_keep_folder_and_record_equal(
+    make_runner: Callable,
+) -> None:
+    runner = make_runner(SETTINGS, SCORES, max_epochs=4, hooks=[EpochTeller(), FailAt(10)])
+    with pytest.raises(RuntimeError, match="boom"):
+        runner.train()
+    record = assert_folder_is_the_record(runner)
+    assert record["kept"] == ["iter_9.pt", "emergency_iter_10.pt"]
+
+    runner = make_runner(SETTINGS, SCORES, max_epochs=4)
+    runner.train(resume="auto")
+    assert runner.resumed_from == runner.checkpoint_dir / "emergency_iter_10.pt"
+    record = assert_folder_is_the_record(runner)
+    assert record["kept"] == ["emergency_iter_10.pt", *periodic(16)]  # the resume point stays
