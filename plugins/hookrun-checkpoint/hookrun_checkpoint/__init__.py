@@ -2,24 +2,19 @@
 
 The plugin decides when, where and how many; the core writes (``runner.checkpoint_state``,
 ``runner.write_checkpoint``), so every file is atomic and loads with ``weights_only=True``.
-After each file is complete, and in this order, the ``latest`` pointer is replaced and the
-files ``max_keep`` lets go are deleted: a crash at any moment leaves ``latest`` naming a
-complete checkpoint. The bookkeeping (rotating files, best scores) is plugin state, stored in
-every checkpoint, so it survives a resume.
-
-Nothing read from a checkpoint is used as a path (see ``hookrun_checkpoint.ledger``, which
-reads and checks the bookkeeping).
+Which files are kept, and why, is one record (``hookrun_checkpoint.ledger.Ledger``): every
+kind of save proposes the next record, and after the file is complete, in this order, the
+``latest`` pointer is replaced and the files the save took their last role from are deleted:
+a crash at any moment leaves ``latest`` naming a complete checkpoint. The record is stored in
+every checkpoint, so it survives a resume; nothing read from it is used as a path. Every file
+operation goes through one small interface (``hookrun_checkpoint.storage.Storage``).
 
 Best files: a new best must beat the score each existing ``best_*.pt`` file of the metric
 actually holds (read from the file at the start of training), so a run resumed from an older
 checkpoint never replaces a better file of an abandoned timeline; a save that fails (a hook
-raising while the state is collected, or the write) leaves the bookkeeping as it was; and the
-file the run resumed from is never written: while it is ``best_<metric>.pt``, the run's new
-bests of that metric go to ``best_<metric>.iter_<N>.pt``.
-
-With ``save_top_k``, the k best scores of a metric also keep their own
-``top_<metric>_<value>_iter_<N>.pt`` files. A run that a hook ends with ``stop_training`` saves
-its final state (``save_last``).
+raising while the state is collected, or the write) leaves the record as it was; and the file
+the run resumed from is never written: while it is ``best_<metric>.pt``, the run's new bests
+of that metric go to ``best_<metric>.iter_<N>.pt``.
 
 Under gradient accumulation an iteration save waits for the end of its accumulation group (a
 file saved inside one would lose the gradients gathered so far), so every periodic file
@@ -33,23 +28,17 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import Field, ValidationInfo, field_validator
+from typing import Any
 
 from hookrun import (
     CheckpointError,
     ConfigError,
     Plugin,
-    PluginSettings,
     Priority,
     RunnerProtocol,
     all_gather_object,
-    atomic_write_text,
     barrier,
-    better,
     hookimpl,
-    remove_checkpoint,
     resolve_rule,
 )
 from hookrun_checkpoint.background import BackgroundWriter, HostCopy
@@ -57,117 +46,17 @@ from hookrun_checkpoint.ledger import (
     BEST,
     ROTATING,
     TOP,
+    Ledger,
     Rule,
-    inside,
     plain_name,
     position_name,
-    rank_top,
     read_bookkeeping,
     survey,
 )
+from hookrun_checkpoint.settings import CheckpointSettings
+from hookrun_checkpoint.storage import PARTIAL, TEMP, LocalStorage, Storage
 
 __all__ = ["Checkpoint", "CheckpointSettings", "HostCopy"]
-
-STALE_TEMP = re.compile(r"\.(?:[\w.-]+\.pt|latest)\..+\.tmp")
-STALE_PARTIAL = re.compile(r"\.[\w.-]+\.pt\.partial")  # a sharded save that never finished
-
-
-class CheckpointSettings(PluginSettings):
-    """Settings of the ``checkpoint`` plugin."""
-
-    interval: int = Field(
-        1, ge=1, description="Save every `interval` epochs (`by_epoch: true`) or iterations."
-    )
-    by_epoch: bool = Field(
-        True,
-        description="`true`: save `epoch_<N>.pt` at the end of every `interval`-th epoch; "
-        "`false`: save `iter_<N>.pt` after every `interval`-th iteration (N counts completed "
-        "epochs or iterations); under gradient accumulation at the end of that iteration's "
-        "accumulation group.",
-    )
-    max_keep: int | None = Field(
-        None,
-        ge=1,
-        description="Keep only the newest `max_keep` periodic checkpoints (`null`: keep all). "
-        "The checkpoint the run resumed from and every `best_<metric>.pt` are always kept "
-        "besides them.",
-    )
-    save_last: bool = Field(
-        True,
-        description="Save the final state of every run: at the end of training when the last "
-        "epoch or iteration is not a multiple of `interval`, and when a hook (early stopping, "
-        "for instance) ends training with `stop_training`.",
-    )
-    save_best: str | list[str] | None = Field(
-        None,
-        description="Validation metric(s) whose best value is kept in `best_<metric>.pt`, "
-        "replaced only by a better score than the file holds (never the file the run resumed "
-        "from); `auto` takes the first metric validation reports; `null`: no best checkpoint.",
-    )
-    rule: Literal["greater", "less", "auto"] = Field(
-        "auto",
-        validate_default=True,  # the default is checked against save_best's names too
-        description="Whether a greater or a smaller `save_best` metric is better; `auto` "
-        "decides from the whole words of the name (loss, error, mse, ...: less; accuracy, auc, "
-        "f1, map, iou, ...: greater; the last such word wins) and is an error for a name with "
-        "none of them.",
-    )
-    save_top_k: int | None = Field(
-        None,
-        ge=1,
-        description="Also keep the `save_top_k` best checkpoints of each `save_best` metric as "
-        "`top_<metric>_<value>_iter_<N>.pt`, deleting the one that drops out (a tie keeps the "
-        "earlier); `null`: none. Needs `save_best`.",
-    )
-    save_optimizer: bool = Field(
-        True,
-        description="Store the optimizer state too; without it a resumed run restarts the "
-        "optimizer's moments, so it is no longer exact.",
-    )
-    out_dir: str | None = Field(
-        None,
-        min_length=1,
-        description="Folder of the checkpoints; relative paths are inside `work_dir`. Default "
-        "`<work_dir>/checkpoints`. `resume: auto` looks here.",
-    )
-    save_on_exception: bool = Field(
-        True,
-        description="When training raises (Ctrl-C included), save "
-        "`emergency_iter_<N>.pt` before the exception goes on.",
-    )
-    async_save: bool = Field(
-        False,
-        description="Copy the state to host memory and write the file in a background thread, "
-        "one write at a time; training only stalls for the copy.",
-    )
-
-    @field_validator("save_best")
-    @classmethod
-    def _check_metrics(cls, value: str | list[str] | None) -> str | list[str] | None:
-        names = [value] if isinstance(value, str) else value or []
-        if isinstance(value, list) and not value:
-            raise ValueError("give at least one metric name, or null")
-        if any(not name.strip() for name in names):
-            raise ValueError("metric names must not be empty")
-        if isinstance(value, list) and "auto" in value and len(value) > 1:
-            raise ValueError("'auto' stands alone, not in a list of names")
-        return value
-
-    @field_validator("save_top_k")
-    @classmethod
-    def _check_top_k(cls, value: int | None, info: ValidationInfo) -> int | None:
-        if value is not None and not info.data.get("save_best"):
-            raise ValueError("needs save_best: the metric whose best checkpoints are kept")
-        return value
-
-    @field_validator("rule")
-    @classmethod
-    def _check_rule(cls, value: str, info: ValidationInfo) -> str:
-        best = info.data.get("save_best")
-        if value == "auto" and best not in (None, "auto"):
-            for name in [best] if isinstance(best, str) else best:
-                resolve_rule(name, value)
-        return value
 
 
 class Checkpoint(Plugin[CheckpointSettings]):
@@ -180,41 +69,35 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
     def __init__(self, settings: CheckpointSettings | None = None) -> None:
         super().__init__(settings)
-        self.kept: list[str] = []  # files max_keep rotates, oldest first
-        self.best: dict[str, dict[str, Any]] = {}  # metric -> score, file, rule, epoch, iter
-        self.top: dict[str, list[dict[str, Any]]] = {}  # metric -> save_top_k entries, best first
-        self.latest: str | None = None
-        self.out_dir = Path("checkpoints")
-        self.protected: str | None = None  # the file this run resumed from
+        self.ledger = Ledger()  # the files kept and why, stored in every checkpoint
+        self.storage: Storage = LocalStorage(Path("checkpoints"))
         self.training = False
         self.stopped = False  # the stop signal's checkpoint is saved: no more saves this run
         self.saved: tuple[dict[str, Any], str] | None = None  # (loop, file) of the last save
         self.writer = BackgroundWriter()
         self.ignored: list[tuple[str, str]] = []  # (what, why) dropped by load_state_dict
-        self.undo: tuple[dict[str, Any], Any] | None = None  # (state, saved) before the write
+        self.pending: list[str] = []  # files whose last role ended at the start of training
+        self.undo: tuple[dict[str, Any], Any, list[str]] | None = None  # before the write
 
     # -- state ---------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "kept": list(self.kept),
-            "best": {metric: dict(entry) for metric, entry in self.best.items()},
-            "top": {metric: [dict(e) for e in entries] for metric, entries in self.top.items()},
-            "latest": self.latest,
-        }
+    @property
+    def best(self) -> dict[str, dict[str, Any]]:
+        """Each metric's best entry (score, file, rule, epoch, iter), from the record."""
+        return self.ledger.best
 
-    def _set_state(self, state: dict[str, Any], saved: Any) -> None:
+    def state_dict(self) -> dict[str, Any]:
+        return self.ledger.state_dict()
+
+    def _set_state(self, state: dict[str, Any], saved: Any, pending: list[str]) -> None:
         """Put back bookkeeping this plugin produced itself (no checks needed)."""
-        self.kept = list(state["kept"])
-        self.best = {metric: dict(entry) for metric, entry in state["best"].items()}
-        self.top = {metric: [dict(e) for e in entries] for metric, entries in state["top"].items()}
-        self.latest = state["latest"]
-        self.saved = saved
+        self.ledger = Ledger.from_state(state)
+        self.saved, self.pending = saved, pending
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take the bookkeeping a checkpoint holds, keeping only plain file names of the
         plugin's own kinds; what is dropped is named in ``before_train``."""
-        self.kept, self.best, self.top, self.latest, self.ignored = read_bookkeeping(state)
+        self.ledger, self.ignored = read_bookkeeping(state)
 
     def checkpoint_dir(self, work_dir: Path) -> Path | None:
         """``out_dir`` (inside ``work_dir`` when relative); None keeps the run's default."""
@@ -224,39 +107,42 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
     @hookimpl
     def before_run(self, runner: RunnerProtocol) -> None:
-        self.out_dir = runner.checkpoint_dir
+        self.storage = LocalStorage(runner.checkpoint_dir)
         if runner.mode != "train":
             return
         self.training = self.stopped = False
         self.saved = None
-        if runner.is_main and self.out_dir.is_dir():
-            for leftover in self.out_dir.iterdir():  # temporary files of a killed write
-                if STALE_TEMP.fullmatch(leftover.name) or STALE_PARTIAL.fullmatch(leftover.name):
-                    remove_checkpoint(leftover)
+        if runner.is_main:
+            for name in self.storage.names():
+                if leftover(name):
+                    self.storage.remove(name)
 
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
         """Name what the checkpoint's bookkeeping held that is no file name, forget files
-        that are gone or lie outside ``out_dir``, take each metric's best score from the best
-        files themselves, and protect the file this run resumed from. Rank 0 looks at the
-        folder; every rank takes its answer."""
+        that are gone or lie outside the folder, take each metric's best score from the best
+        files themselves, and give the file this run resumed from its role in the record (the
+        file an earlier run resumed from loses it). Rank 0 looks at the folder; every rank
+        takes its answer."""
         self.training = True
+        folder = self.storage.folder
         for what, why in self.ignored:
-            runner.info(f"checkpoint: ignoring {what} from the checkpoint: {why} {self.out_dir}")
+            runner.info(f"checkpoint: ignoring {what} from the checkpoint: {why} {folder}")
         self.ignored = []
         view = None
         if runner.is_main:
-            s = self.settings
-            view = survey(self.out_dir, self.kept, self.best, self.top, s.save_best, s.rule)
+            view = survey(self.storage, self.ledger, self.settings.save_best, self.settings.rule)
         if runner.world_size > 1:
             view = all_gather_object(view)[0]
         assert view is not None
-        self.kept, self.best, self.top, notices = view
+        self.ledger, notices = view
         for line in notices:
             runner.info(line)
-        resumed, self.protected = runner.resumed_from, None
-        if resumed is not None and resumed.parent.resolve() == self.out_dir.resolve():
-            self.protected = resumed.name
+        resumed, earlier = runner.resumed_from, self.ledger.resumed
+        self.ledger.resumed = None
+        if resumed is not None and self.storage.holds(resumed) and own_file(resumed.name):
+            self.ledger.resumed = resumed.name
+        self.pending = [earlier] if earlier is not None else []
         if self.settings.save_best and runner.val_dataloader is None:
             runner.info("checkpoint: save_best is set but there is no val_dataloader")
 
@@ -301,39 +187,27 @@ class Checkpoint(Plugin[CheckpointSettings]):
         """
         if not self.training or self.stopped or not self.settings.save_best:
             return
-        updates: dict[str, dict[str, Any]] = {}
-        top: dict[str, list[dict[str, Any]]] = {}
-        names: list[str] = []  # the top files to write, then the best files
-        superseded: list[str] = []
+        record = self.ledger.copy()
+        tops: list[str] = []
+        bests: dict[str, dict[str, Any]] = {}
         for metric, rule in self._best_metrics(metrics).items():
             value = float(metrics[metric])
             if math.isnan(value):
                 continue
-            record = {"score": value, "rule": rule, "epoch": runner.epoch, "iter": runner.iter}
+            entry = {"score": value, "rule": rule, "epoch": runner.epoch, "iter": runner.iter}
             stem = re.sub(r"[^A-Za-z0-9_.-]", "_", metric)
-            if self.settings.save_top_k is not None:
-                name = f"top_{stem}_{value:.6g}_iter_{runner.iter}.pt"
-                entries = [e for e in self.top.get(metric, []) if e["file"] != name]
-                kept, dropped = rank_top(
-                    [*entries, {**record, "file": name}], self.settings.save_top_k
-                )
-                if any(e["file"] == name for e in kept) and name != self.protected:
-                    top[metric] = kept
-                    names.append(name)
-                    superseded += [e["file"] for e in dropped if e["file"] != self.protected]
-            entry = self.best.get(metric)
-            if not (entry is None or better(rule, value, entry["score"])):
-                continue
+            k, name = self.settings.save_top_k, f"top_{stem}_{value:.6g}_iter_{runner.iter}.pt"
+            if k is not None and record.add_top(metric, {**entry, "file": name}, k):
+                tops.append(name)
             name = f"best_{stem}.pt"
-            if name == self.protected:
+            if name == record.resumed:
                 name = f"best_{stem}.iter_{runner.iter}.pt"
-            updates[metric] = {**record, "file": name}
-            if entry is not None and entry["file"] not in (name, self.protected):
-                superseded.append(entry["file"])
-        names += [entry["file"] for entry in updates.values()]
+            if record.add_best(metric, {**entry, "file": name}):
+                bests[metric] = record.best[metric]
+        names = tops + [entry["file"] for entry in bests.values()]
         if names:
-            self._save(runner, names, best=updates, top=top, superseded=superseded)
-            scores = ", ".join(f"{m} {e['score']:.6g}" for m, e in updates.items())
+            self._save(runner, names, record)
+            scores = ", ".join(f"{m} {e['score']:.6g}" for m, e in bests.items())
             if scores:
                 runner.info(f"checkpoint: new best {scores}")
 
@@ -344,10 +218,10 @@ class Checkpoint(Plugin[CheckpointSettings]):
         followed it), that file is the answer and nothing is written again."""
         self.stopped = True
         if self.saved is not None and self.saved[0] == runner.position.state_dict():
-            return self.out_dir / self.saved[1]
+            return self.storage.path(self.saved[1])
         self._save(runner, background=False)
-        assert self.latest is not None
-        return self.out_dir / self.latest
+        assert self.ledger.latest is not None
+        return self.storage.path(self.ledger.latest)
 
     @hookimpl
     def after_train(self, runner: RunnerProtocol) -> None:
@@ -398,29 +272,28 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self,
         runner: RunnerProtocol,
         names: list[str] | None = None,
-        best: dict[str, dict[str, Any]] | None = None,
-        top: dict[str, list[dict[str, Any]]] | None = None,
+        record: Ledger | None = None,
         emergency: bool = False,
         background: bool = True,
-        superseded: list[str] | None = None,
     ) -> None:
-        """Write one state to ``names`` (default: a name from its position), then point
-        ``latest`` at it and delete what ``max_keep`` lets go and the best files
-        ``superseded``. The file holds the bookkeeping as it is once the file exists; until
-        then any failure (a ``before_save_checkpoint`` hook, the host copy, the write) puts
-        the bookkeeping back as it was, so no later checkpoint claims a file that was never
-        written. A background write keeps the old bookkeeping in ``undo`` until ``_wait``."""
+        """Write one state to ``names`` with ``record`` as the next record (default: a
+        periodic name from its position, added to the record), then point ``latest`` at it
+        and delete the files whose last role this save took away. The file holds the record
+        as it is once the file exists; until then any failure (a ``before_save_checkpoint``
+        hook, the host copy, the write) puts the record back as it was, so no later
+        checkpoint claims a file that was never written. A background write keeps the old
+        record in ``undo`` until ``_wait``."""
         self._wait()
-        previous, previous_saved = self.state_dict(), self.saved
+        previous = (self.state_dict(), self.saved, self.pending)
         sharded = runner.sharded_checkpoints  # FSDP: every rank writes its shards, in step
         background = background and self.settings.async_save and not sharded
         try:
-            self._save_now(runner, names, best, top, emergency, background, superseded)
+            self._save_now(runner, names, record, emergency, background)
         except BaseException:
-            self._set_state(previous, previous_saved)
+            self._set_state(*previous)
             raise
         if background and runner.is_main:
-            self.undo = (previous, previous_saved)
+            self.undo = previous
         if not background:
             barrier()
 
@@ -428,35 +301,32 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self,
         runner: RunnerProtocol,
         names: list[str] | None,
-        best: dict[str, dict[str, Any]] | None,
-        top: dict[str, list[dict[str, Any]]] | None,
+        record: Ledger | None,
         emergency: bool,
         background: bool,
-        superseded: list[str] | None,
     ) -> None:
-        """The body of :meth:`_save`: bookkeeping for the new file, the state, the write."""
-        self.best.update(best or {})
-        self.top.update(top or {})
+        """The body of :meth:`_save`: the next record, the state, the write."""
+        before = [*self.ledger.roles(), *self.pending]
+        ledger = self.ledger = record or self.ledger
         state = runner.checkpoint_state(self.settings.save_optimizer)
         if names is None:
-            names = [position_name(state, self.settings.by_epoch and not emergency)]
-            if emergency:
-                names = ["emergency_" + names[0]]
-            self.kept = [name for name in self.kept if name != names[0]] + names
-        delete = self._rotate() + list(superseded or ())
-        self.latest = names[-1]
+            name = position_name(state, self.settings.by_epoch and not emergency)
+            names = ["emergency_" + name] if emergency else [name]
+            ledger.add_periodic(names[0], self.settings.max_keep)
+        ledger.latest = names[-1]
+        delete, self.pending = ledger.released(before), []
         self.saved = (dict(state["loop"]), names[-1])
         state.setdefault("plugins", {})[self.name] = self.state_dict()
-        paths = [self.out_dir / name for name in names]
         if not (runner.is_main or runner.sharded_checkpoints):
             return
+        storage, paths = self.storage, [self.storage.path(name) for name in names]
         if background:
             job = self.writer.host.copy(state)
             write = runner.write_checkpoint
-            self.writer.submit(lambda: self._write(write, job, paths, delete), paths[0])
+            self.writer.submit(lambda: _write(storage, write, job, names, delete), paths[0])
             runner.info(f"checkpoint: writing {paths[0]} in the background")
         else:
-            self._write(runner.write_checkpoint, state, paths, delete, runner.is_main)
+            _write(storage, runner.write_checkpoint, state, names, delete, runner.is_main)
             kind = "emergency checkpoint" if emergency else "checkpoint"
             runner.info(f"checkpoint: saved {kind} {', '.join(map(str, paths))}")
 
@@ -470,45 +340,6 @@ class Checkpoint(Plugin[CheckpointSettings]):
             if undo is not None:
                 self._set_state(*undo)
             raise
-
-    def _rotate(self) -> list[str]:
-        """Files to delete so that at most ``max_keep`` rotating files remain, never the one
-        the run resumed from (it does not count) and never one being written."""
-        if self.settings.max_keep is None:
-            return []
-        rotating = [name for name in self.kept if name != self.protected]
-        delete = rotating[: max(0, len(rotating) - self.settings.max_keep)]
-        self.kept = [name for name in self.kept if name not in delete]
-        return delete
-
-    def _write(
-        self,
-        write: Callable[[dict[str, Any], Path], Path],
-        state: dict[str, Any],
-        paths: list[Path],
-        delete: list[str],
-        main: bool = True,
-    ) -> None:
-        """``write`` is the runner's: the background thread holds it, not the runner. Only
-        the ``main`` process (rank 0) points ``latest`` and deletes."""
-        for path in paths:
-            write(state, path)
-        if not main:
-            return
-        pointer = self.out_dir / "latest"
-        try:
-            atomic_write_text(paths[-1].name + "\n", pointer)
-        except OSError as exc:
-            raise CheckpointError(f"cannot write {pointer}: {exc.strerror or exc}") from exc
-        for name in delete:
-            own = any(plain_name(name, kind) for kind in (ROTATING, BEST, TOP))
-            if not own or not inside(self.out_dir, name):
-                continue  # never reached: the bookkeeping holds only such names
-            try:
-                remove_checkpoint(self.out_dir / name)
-            except OSError as exc:  # an old file left behind is no reason to stop training
-                message = f"[hookrun] checkpoint: cannot delete {self.out_dir / name}: {exc}"
-                print(message, file=sys.stderr)
 
     def _best_metrics(self, metrics: dict[str, float]) -> dict[str, Rule]:
         """The ``save_best`` names, checked against what validation reported, and their
@@ -530,3 +361,45 @@ class Checkpoint(Plugin[CheckpointSettings]):
             except ValueError as exc:
                 raise ConfigError(f"plugins.checkpoint.rule: {exc}") from None
         return rules
+
+
+def _write(
+    storage: Storage,
+    write: Callable[[dict[str, Any], Path], Path],
+    state: dict[str, Any],
+    names: list[str],
+    delete: list[str],
+    main: bool = True,
+) -> None:
+    """Write ``state`` to ``names``, then (only the ``main`` process, rank 0) point
+    ``latest`` at the last and delete ``delete``. ``write`` is the runner's: the background
+    thread holds it, not the runner."""
+    for name in names:
+        storage.write(write, state, name)
+    if not main:
+        return
+    storage.write_text("latest", names[-1] + "\n")
+    for name in delete:
+        if not own_file(name) or not storage.inside(name):
+            continue  # never reached: the record holds only such names
+        try:
+            storage.remove(name)
+        except OSError as exc:  # an old file left behind is no reason to stop training
+            message = f"[hookrun] checkpoint: cannot delete {storage.path(name)}: {exc}"
+            print(message, file=sys.stderr)
+
+
+def leftover(name: str) -> bool:
+    """Whether ``name`` is what a killed write of this plugin leaves behind: the core's
+    temporary file (``.<name>.<12 hex digits>.tmp``) or a sharded save's ``.<name>.partial``
+    folder, for a file name of the plugin's own kinds or the ``latest`` pointer."""
+    found = TEMP.fullmatch(name) or PARTIAL.fullmatch(name)
+    if found is None:
+        return False
+    target = found["name"]
+    return target == "latest" or own_file(target)
+
+
+def own_file(name: str) -> bool:
+    """Whether ``name`` is a plain file name of one of the plugin's own kinds."""
+    return any(plain_name(name, kind) for kind in (ROTATING, BEST, TOP))

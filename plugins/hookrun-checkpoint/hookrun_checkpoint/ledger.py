@@ -1,5 +1,5 @@
-"""The checkpoint plugin's bookkeeping: which files it keeps, read from a checkpoint and
-checked against the folder.
+"""The checkpoint plugin's record, the ledger: which files it keeps and the roles that keep
+each; read from a checkpoint and checked against the folder.
 
 Nothing read from a checkpoint is used as a path: only plain file names of the plugin's own
 kinds (``epoch_<N>.pt``, ``iter_<N>.pt``, ``emergency_iter_<N>.pt``, ``best_<metric>.pt``,
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import torch
-
-from hookrun import better, checkpoint_state_file, metric_rule
+from hookrun import better, metric_rule
+from hookrun_checkpoint.storage import Storage
 
 Rule = Literal["greater", "less"]
 Kept = list[str]  # rotating files, oldest first
@@ -27,10 +27,94 @@ BEST = re.compile(r"best_[A-Za-z0-9_.-]+\.pt")
 TOP = re.compile(r"top_[A-Za-z0-9_.+-]+_iter_[0-9]+\.pt")
 
 
-def read_bookkeeping(
-    state: dict[str, Any],
-) -> tuple[Kept, Best, Top, str | None, list[tuple[str, str]]]:
-    """The kept names, best and top entries and latest name a checkpoint's plugin state holds,
+@dataclass
+class Ledger:
+    """The one record of the files the plugin keeps, and the roles that keep each: periodic
+    files ranked by age (``max_keep`` newest), each metric's top files ranked by score
+    (``save_top_k`` best), each metric's best file, the file this run resumed from, and
+    ``latest``. Every kind of save proposes the next record; a file is deleted exactly when a
+    save takes its last role away. What every checkpoint stores is this record itself."""
+
+    kept: Kept = field(default_factory=list)
+    best: Best = field(default_factory=dict)
+    top: Top = field(default_factory=dict)
+    latest: str | None = None
+    resumed: str | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kept": list(self.kept),
+            "best": {metric: dict(entry) for metric, entry in self.best.items()},
+            "top": {metric: [dict(e) for e in entries] for metric, entries in self.top.items()},
+            "latest": self.latest,
+            "resumed": self.resumed,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Ledger:
+        """A copy of a record this plugin produced itself (no checks needed)."""
+        return cls(
+            list(state["kept"]),
+            {metric: dict(entry) for metric, entry in state["best"].items()},
+            {metric: [dict(e) for e in entries] for metric, entries in state["top"].items()},
+            state["latest"],
+            state["resumed"],
+        )
+
+    def copy(self) -> Ledger:
+        return Ledger.from_state(self.state_dict())
+
+    def roles(self) -> dict[str, set[str]]:
+        """Each file the record holds, with the roles that keep it."""
+        held: dict[str, set[str]] = {}
+        for name in self.kept:
+            held.setdefault(name, set()).add("periodic")
+        for metric, entry in self.best.items():
+            held.setdefault(entry["file"], set()).add(f"best {metric}")
+        for metric, entries in self.top.items():
+            for entry in entries:
+                held.setdefault(entry["file"], set()).add(f"top {metric}")
+        for role, file in (("resumed", self.resumed), ("latest", self.latest)):
+            if file is not None:
+                held.setdefault(file, set()).add(role)
+        return held
+
+    def add_periodic(self, name: str, max_keep: int | None) -> None:
+        """Rank ``name`` as the newest periodic file and let the oldest beyond ``max_keep``
+        go (the file this run resumed from does not count)."""
+        self.kept = [kept for kept in self.kept if kept != name] + [name]
+        if max_keep is not None:
+            rotating = [kept for kept in self.kept if kept != self.resumed]
+            dropped = rotating[: max(0, len(rotating) - max_keep)]
+            self.kept = [kept for kept in self.kept if kept not in dropped]
+
+    def add_top(self, metric: str, entry: dict[str, Any], k: int) -> bool:
+        """Rank ``entry`` among the metric's top files; whether it is among the ``k`` best
+        (the one it pushes out loses its role)."""
+        entries = [e for e in self.top.get(metric, []) if e["file"] != entry["file"]]
+        kept, _ = rank_top([*entries, entry], k)
+        if entry["file"] == self.resumed or all(e["file"] != entry["file"] for e in kept):
+            return False
+        self.top[metric] = kept
+        return True
+
+    def add_best(self, metric: str, entry: dict[str, Any]) -> bool:
+        """Make ``entry`` the metric's best when it beats the best so far; whether it did."""
+        held = self.best.get(metric)
+        if held is not None and not better(entry["rule"], entry["score"], held["score"]):
+            return False
+        self.best[metric] = entry
+        return True
+
+    def released(self, before: Iterable[str]) -> list[str]:
+        """Those of ``before`` (the files held before a save) that no role keeps now: the
+        files to delete, each once, in order."""
+        held = self.roles()
+        return [name for name in dict.fromkeys(before) if name not in held]
+
+
+def read_bookkeeping(state: dict[str, Any]) -> tuple[Ledger, list[tuple[str, str]]]:
+    """The record a checkpoint's plugin state holds,
     keeping only plain file names of the plugin's own kinds, and (what, why) for each entry
     dropped."""
     ignored: list[tuple[str, str]] = []
@@ -59,58 +143,60 @@ def read_bookkeeping(
                 ignored.append((f"top entry {metric!r} ({entry!r})", "not a file name in"))
             else:
                 own_top.setdefault(str(metric), []).append(dict(entry))
-    latest = state.get("latest")
-    own_latest = None
-    if any(plain_name(latest, kind) for kind in (ROTATING, BEST, TOP)):
-        own_latest = latest
-    elif latest is not None:
-        ignored.append((f"latest {latest!r}", "not a file name in"))
-    return own_kept, own_best, own_top, own_latest, ignored
+    own: dict[str, str | None] = {}
+    for key in ("latest", "resumed"):
+        name = state.get(key)
+        own[key] = name if any(plain_name(name, kind) for kind in (ROTATING, BEST, TOP)) else None
+        if name is not None and own[key] is None:
+            ignored.append((f"{key} {name!r}", "not a file name in"))
+    return Ledger(own_kept, own_best, own_top, own["latest"], own["resumed"]), ignored
 
 
-def survey(
-    out_dir: Path, kept: Kept, best: Best, top: Top, save_best: Any, rule: str
-) -> tuple[Kept, Best, Top, list[str]]:
-    """The kept names, best and top entries whose files exist in ``out_dir`` (best scores
+def survey(storage: Storage, record: Ledger, save_best: Any, rule: str) -> tuple[Ledger, list[str]]:
+    """The record's kept names, best and top entries whose files exist (best scores
     checked against the best files themselves), and a notice for each name that resolves
     elsewhere (a symbolic link out of the folder)."""
     notices: list[str] = []
+    out_dir = storage.folder
 
     def usable(what: str, name: str) -> bool:
-        if not inside(out_dir, name):
+        if not storage.inside(name):
             notices.append(
                 f"checkpoint: ignoring {what} from the checkpoint: it resolves outside {out_dir}"
             )
             return False
-        return (out_dir / name).exists()  # a file, or a sharded checkpoint's folder
+        return storage.exists(name)
 
-    kept = [name for name in kept if usable(f"kept entry {name!r}", name)]
+    kept = [name for name in record.kept if usable(f"kept entry {name!r}", name)]
     best = {
         metric: entry
-        for metric, entry in best.items()
+        for metric, entry in record.best.items()
         if usable(f"best entry {metric!r} ({entry['file']!r})", entry["file"])
     }
     top = {
         metric: [e for e in entries if usable(f"top entry {metric!r} ({e['file']!r})", e["file"])]
-        for metric, entries in top.items()
+        for metric, entries in record.top.items()
     }
+    resumed = record.resumed
+    if resumed is not None and not usable(f"resumed {resumed!r}", resumed):
+        resumed = None
     if save_best:
-        best = best_on_disk(out_dir, best, save_best, rule, notices)
-    return kept, best, top, notices
+        best = best_on_disk(storage, best, save_best, rule, notices)
+    return Ledger(kept, best, top, record.latest, resumed), notices
 
 
 def best_on_disk(
-    out_dir: Path, best: Best, wanted: Any, rule_setting: str, notices: list[str]
+    storage: Storage, best: Best, wanted: Any, rule_setting: str, notices: list[str]
 ) -> Best:
-    """``best`` checked against the best files in ``out_dir``: each file says which
+    """``best`` checked against the best files in ``storage``: each file says which
     scores it holds itself (its bookkeeping's entries naming it). Such a score replaces
     the bookkeeping's claim for that file, and the best of all the files' scores and the
     claims that cannot be checked (a file that does not load) is the one to beat. Only
     metrics this run saves are looked at (every one under ``save_best: auto``)."""
     held: dict[str, dict[str, dict[str, Any]]] = {}  # file -> metric -> its own entry
-    for path in sorted(out_dir.glob("best_*.pt")):
-        if plain_name(path.name, BEST) and inside(out_dir, path.name) and path.exists():
-            held[path.name] = stored_best(path)
+    for name in storage.names():
+        if plain_name(name, BEST) and storage.inside(name) and storage.exists(name):
+            held[name] = stored_best(storage, name)
     names = None if wanted == "auto" else {wanted} if isinstance(wanted, str) else set(wanted or ())
     result: dict[str, dict[str, Any]] = {}
     metrics = set(best) | {m for own in held.values() for m in own}
@@ -145,12 +231,6 @@ def rule_for(metric: str, rule: str, default: Rule) -> Rule:
     if rule in ("greater", "less"):
         return rule  # type: ignore[return-value]
     return metric_rule(metric) or default
-
-
-def inside(out_dir: Path, name: str) -> bool:
-    """Whether ``name`` resolves to a path directly in ``out_dir``."""
-    folder = out_dir.resolve()
-    return (folder / name).resolve().parent == folder
 
 
 def rank_top(
@@ -191,20 +271,18 @@ def best_entry(entry: Any) -> dict[str, Any] | None:
     return entry
 
 
-def stored_best(path: Path) -> dict[str, dict[str, Any]]:
-    """The best entries that the checkpoint ``path`` records for itself (those naming it),
+def stored_best(storage: Storage, name: str) -> dict[str, dict[str, Any]]:
+    """The best entries that checkpoint ``name`` records for itself (those naming it),
     read without loading its tensors; nothing when it does not load."""
     try:
-        file = checkpoint_state_file(path)  # a sharded folder's state.pt
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-        best = state["plugins"]["checkpoint"]["best"]
+        best = storage.read_state(name)["plugins"]["checkpoint"]["best"]
         entries = best.items() if isinstance(best, dict) else ()
     except Exception:  # not a checkpoint of this plugin: it says nothing
         return {}
     return {
         str(metric): dict(entry)
         for metric, entry in entries
-        if best_entry(entry) is not None and entry["file"] == path.name
+        if best_entry(entry) is not None and entry["file"] == name
     }
 
 

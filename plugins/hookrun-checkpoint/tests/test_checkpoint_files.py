@@ -266,6 +266,7 @@ def test_sigterm_handler_is_for_the_run_only_and_the_signal_is_passed_on(
         "batch": 2,
         "phase": "train",
         "iter": 6,
+        "optimizer_steps": {"main": 6},  # one step per iteration (no accumulation)
     }
     assert (
         f"SIGTERM received: saved {out / 'iter_6.pt'}; stopping" in runner.console.file.getvalue()
