@@ -176,7 +176,9 @@ DAMAGE: dict[str, tuple[Callable[[dict[str, Any], Path], None], str]] = {
         "checkpoint, 2 in the optimizer",
     ),
     "optimizer state shape": (
-        edited(lambda s: s["optimizers"]["main"]["state"][0].update(momentum_buffer=torch.zeros(5))),
+        edited(
+            lambda s: s["optimizers"]["main"]["state"][0].update(momentum_buffer=torch.zeros(5))
+        ),
         "does not fit this run: optimizer: 1 state mismatch, first: momentum_buffer of "
         "parameter 0 [5] (checkpoint) vs [2,4] (parameter)",
     ),

@@ -39,7 +39,13 @@ def test_sigterm_inside_validation_stops_there_and_resumes_exactly(
     saved = run / "checkpoints" / "stop_iter_7.pt"
     assert f"SIGTERM received: saved {saved}; stopping" in proc.stdout
     state = torch.load(saved, weights_only=True)
-    assert state["loop"] == {"epoch": 0, "batch": 7, "phase": "trained", "iter": 7}
+    assert state["loop"] == {
+        "epoch": 0,
+        "batch": 7,
+        "phase": "trained",
+        "iter": 7,
+        "optimizer_steps": {"main": 7},
+    }
     log = (run / "log.jsonl").read_text()
     assert "val/accuracy" not in log  # the pass was cut short: no metrics from half of it
     run_resume_job(run, resume=True, plugins={}, save_every=0)

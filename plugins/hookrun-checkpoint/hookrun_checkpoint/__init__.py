@@ -33,6 +33,7 @@ from typing import Any
 from hookrun import (
     CheckpointError,
     ConfigError,
+    HookrunError,
     Plugin,
     Priority,
     RunnerProtocol,
@@ -72,6 +73,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self.ledger = Ledger()  # the files kept and why, stored in every checkpoint
         self.storage: Storage = LocalStorage(Path("checkpoints"))
         self.training = False
+        self.started_at = 0  # the iterations done when this run started (or resumed)
         self.stopped = False  # the stop signal's checkpoint is saved: no more saves this run
         self.saved: tuple[dict[str, Any], str] | None = None  # (loop, file) of the last save
         self.writer = BackgroundWriter()
@@ -125,6 +127,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         file an earlier run resumed from loses it). Rank 0 looks at the folder; every rank
         takes its answer."""
         self.training = True
+        self.started_at = runner.position.iter
         folder = self.storage.folder
         for what, why in self.ignored:
             runner.info(f"checkpoint: ignoring {what} from the checkpoint: {why} {folder}")
@@ -248,7 +251,10 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
     @hookimpl
     def on_exception(self, runner: RunnerProtocol, exception: BaseException) -> None:
-        """Save ``emergency_iter_<N>.pt`` unless the exception is a failed checkpoint write."""
+        """Save ``emergency_iter_<N>.pt`` unless the exception is a failed checkpoint write,
+        or a mistake of the user's (a batch that fits no step convention) before any
+        iteration of this run ended: there is nothing new to keep, and bad input writes
+        nothing."""
         try:
             self._wait()
         except CheckpointError as exc:
@@ -261,6 +267,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
             or self.stopped
             or not self.settings.save_on_exception
             or isinstance(exception, CheckpointError)
+            or (isinstance(exception, HookrunError) and runner.position.iter == self.started_at)
             or runner.world_size > 1  # the other ranks are not here to gather their state
         ):
             return
