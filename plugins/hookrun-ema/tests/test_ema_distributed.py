@@ -11,7 +11,7 @@ from ema_testing import accuracy, bn_mlp, loader
 from torch import nn
 
 from hookrun import Runner
-from hookrun.testing import run_ranks
+from hookrun.testing import once_per_session, run_ranks
 
 SCRIPT = """
 import json, os, sys
@@ -21,32 +21,43 @@ from hookrun import Runner
 from ema_testing import accuracy, bn_mlp, loader
 
 torch.set_num_threads(1)
-buffers, validate = json.loads(sys.argv[2])
-model = bn_mlp()
-runner = Runner(
-    model, train_dataloader=loader(96, seed=0, shuffle=True),
-    val_dataloader=loader(48, seed=1, shuffle=False) if validate else None,
-    criterion=nn.CrossEntropyLoss(),
-    metrics={"accuracy": accuracy}, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
-    max_epochs=2, work_dir=sys.argv[1], writers=(), device="cpu",
-    plugins={"ema": {"decay": 0.9, "buffers": buffers}},
-)
-runner.train()
-assert isinstance(runner.model, nn.parallel.DistributedDataParallel)
-state = runner.plugins["ema"].state_dict()
-torch.save({"ema": state["model"], "val": runner.last_metrics.get("val")},
-           os.path.join(sys.argv[1], f"rank{runner.rank}.pt"))
+for name, (buffers, validate) in json.loads(sys.argv[2]).items():
+    model = bn_mlp()
+    runner = Runner(
+        model, train_dataloader=loader(96, seed=0, shuffle=True),
+        val_dataloader=loader(48, seed=1, shuffle=False) if validate else None,
+        criterion=nn.CrossEntropyLoss(),
+        metrics={"accuracy": accuracy}, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
+        max_epochs=2, work_dir=os.path.join(sys.argv[1], name), writers=(), device="cpu",
+        plugins={"ema": {"decay": 0.9, "buffers": buffers}},
+    )
+    runner.train()
+    assert isinstance(runner.model, nn.parallel.DistributedDataParallel)
+    state = runner.plugins["ema"].state_dict()
+    torch.save({"ema": state["model"], "val": runner.last_metrics.get("val")},
+               os.path.join(sys.argv[1], name, f"rank{runner.rank}.pt"))
 """
+MODES = {"copy-validate": ("copy", True), "average-alone": ("average", False)}
 
 
-@pytest.mark.parametrize(("buffers", "validate"), [("copy", True), ("average", False)])
-def test_two_gloo_ranks_keep_the_same_average(tmp_path, buffers: str, validate: bool) -> None:
+@pytest.fixture
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every case of ``MODES`` trained one after the other by the same two ranks: one launch
+    per test session (the ranks' start-up is most of the cost), a folder per case."""
+
+    def launch(folder: Path) -> None:
+        (folder / "job.py").write_text(SCRIPT)
+        run_ranks(folder / "job.py", folder, json.dumps(MODES), path=[Path(__file__).parent])
+
+    return once_per_session(request, tmp_path_factory, "ema_two_gloo_ranks", launch)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_two_gloo_ranks_keep_the_same_average(runs: Path, tmp_path: Path, mode: str) -> None:
     """Every rank's BatchNorm statistics come from its own batches: the ranks' averages of
     them agree also without a validation (which evaluates rank 0's)."""
-    (tmp_path / "job.py").write_text(SCRIPT)
-    mode = json.dumps([buffers, validate])
-    run_ranks(tmp_path / "job.py", tmp_path, mode, path=[Path(__file__).parent])
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    _, validate = MODES[mode]
+    ranks = [torch.load(runs / mode / f"rank{r}.pt", weights_only=True) for r in range(2)]
     assert ranks[0]["val"] == ranks[1]["val"]
     for key, value in ranks[0]["ema"].items():
         assert torch.equal(value, ranks[1]["ema"][key]), key
