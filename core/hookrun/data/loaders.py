@@ -28,18 +28,38 @@ _MASK = (1 << 63) - 1
 _QUIET_ITERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
 """Live iterators whose worker processes ignore the stop signals."""
 _QUIET_WORKERS: weakref.WeakSet[Any] = weakref.WeakSet()
-"""Those worker processes, kept past their iterator (one collected mid-run may leave one)."""
+"""Their worker processes, kept past an iterator the garbage collector took: torch's shutdown
+from ``__del__`` cannot end a worker that ignores SIGTERM and does not answer in time."""
+
+
+def end_workers(iterator: Any) -> None:
+    """End the workers of a loader iterator whose workers ignore the stop signals: killed,
+    not asked to stop. Once its batches are of no use (training ended) nothing is lost, and
+    torch's polite shutdown waits up to 10 s for each worker busy in a fetch, then sends the
+    SIGTERM they ignore (plain PyTorch's workers die of it at once). Their pids leave torch's
+    SIGCHLD check first, so their deaths are not reported as worker failures."""
+    from torch.utils.data._utils import signal_handling
+
+    _QUIET_ITERATORS.discard(iterator)
+    workers = getattr(iterator, "_workers", ())
+    if getattr(iterator, "_worker_pids_set", False):
+        signal_handling._remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False
+    for worker in workers:
+        if worker.is_alive():
+            worker.kill()
+    for worker in workers:
+        worker.join()
+    iterator._shutdown_workers()  # closes the queues; what the iterator's __del__ calls
 
 
 @atexit.register
 def _end_quiet_workers() -> None:
-    """End the workers of live iterators (persistent ones, one left mid-epoch by an exception)
-    before multiprocessing's exit handler sends them SIGTERM, which they ignore, and waits for
-    them forever. Registered after torch's own exit handlers, so it runs before them. A worker
-    still alive after torch's shutdown (it waits 5 s, then sends the ignored SIGTERM) is
-    killed: once training has ended its batches are of no use."""
+    """End every such worker still alive before multiprocessing's exit handler sends them
+    SIGTERM, which they ignore, and waits for them forever. Registered after torch's own
+    exit handlers, so it runs before them."""
     for iterator in list(_QUIET_ITERATORS):
-        iterator._shutdown_workers()  # what the iterator's __del__ calls; torch has no public one
+        end_workers(iterator)
     for worker in list(_QUIET_WORKERS):
         if worker.is_alive():
             worker.kill()
@@ -181,6 +201,15 @@ class ResumableLoader:
             _QUIET_WORKERS.update(getattr(iterator, "_workers", ()))
         return iterator
 
+    def close(self) -> None:
+        """End the workers of a persistent iterator (a run's end): the next epoch starts new
+        ones. Done here rather than left to the garbage collector, whose ``__del__`` shutdown
+        cannot end workers that ignore SIGTERM."""
+        iterator = getattr(self.loader, "_iterator", None)
+        if iterator is not None and self.quiet:
+            end_workers(iterator)
+            self.loader._iterator = None
+
     def continue_epoch(self, epoch: int, batches_done: int, saved_world: int) -> int | None:
         """Continue ``epoch`` after ``batches_done`` batches of each of ``saved_world`` ranks
         (the samples they used, on this run's ranks; see :mod:`hookrun.data.sharding`). Returns
@@ -236,6 +265,9 @@ class PlainLoader:
 
     def __len__(self) -> int:
         return len(self.original)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Nothing to end: the user's loader keeps its own workers."""
 
     def epoch_iter(self, epoch: int, skip: int = 0) -> Iterator[Any]:
         if hasattr(self.original, "set_epoch"):

@@ -398,6 +398,9 @@ class Runner:
                     self.info(line)
                 self._train(resume)
         finally:
+            for loader in self._loaders.values():
+                if loader is not None:
+                    loader.close()  # persistent workers that ignore stop signals
             stop.restore()
         stop.redeliver()  # after every after_run and the writers' close
 
