@@ -131,9 +131,7 @@ def _step(optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Mapping[s
 def _rates(optimizer: torch.optim.Optimizer) -> Rates:
     groups = optimizer.param_groups
     momenta = [_momentum(g) for g in groups]
-    return Rates(
-        tuple(float(g["lr"]) for g in groups), tuple(m for m in momenta if m is not None)
-    )
+    return Rates(tuple(float(g["lr"]) for g in groups), tuple(m for m in momenta if m is not None))
 
 
 #: Entries of a scheduler's state that count its progress; the others describe the schedule
