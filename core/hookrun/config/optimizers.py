@@ -385,7 +385,8 @@ LISTED = 8
 def submodule(model: torch.nn.Module, dotted: str, where: str) -> torch.nn.Module:
     """The submodule ``dotted`` of ``model``; a name it lacks is one line naming the section
     and the submodules there are (a did-you-mean, the list shortened)."""
-    module, path = model, []
+    module = model
+    path: list[str] = []
     for part in dotted.split("."):
         children = dict(module.named_children())
         if part not in children:
@@ -437,17 +438,18 @@ def build_schedulers(
     """The schedule the ``scheduler:`` key declares over ``optimizer``, or the schedules by
     optimizer name; each named schedule's ``auto`` lengths are the run's optimizer steps, as
     automatic optimization steps every optimizer at each accumulation boundary."""
-    named = scheduler_named(section)
-    several = isinstance(optimizer, Mapping)
-    errors = target_errors(section, list(optimizer) if several else None)
+    if not isinstance(optimizer, Mapping):
+        errors = target_errors(section, None)
+        if errors:
+            raise ConfigError(errors)
+        return build_scheduler(optimizer, section, length, interval)
+    errors = target_errors(section, list(optimizer))
     if errors:
         raise ConfigError(errors)
-    if not named:
-        return build_scheduler(optimizer, section, length, interval)  # type: ignore[arg-type]
     built = {}
     for name, where, one in sections("scheduler", section):
         try:
-            built[str(name)] = build_scheduler(optimizer[name], one, length, interval, where)  # type: ignore[index]
+            built[str(name)] = build_scheduler(optimizer[str(name)], one, length, interval, where)
         except ConfigError as exc:
             errors += exc.lines
     if errors:
