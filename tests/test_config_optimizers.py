@@ -17,6 +17,7 @@ from _support import errors_of
 from hookrun.cli.build import build_task
 from hookrun.cli.prepare import build_runner
 from hookrun.config import file as cfg
+from hookrun.errors import ConfigError
 from hookrun.testing import isolated_env
 
 pytestmark = pytest.mark.usefixtures("hookrun_isolated")
@@ -36,10 +37,17 @@ class GAN(nn.Module):
         return self.discriminator(self.generator(x))
 
 
-def build():
+def build(own_optimizers: bool = False):
     g = torch.Generator().manual_seed(0)
     data = [(torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g)) for _ in range(5)]
-    return {"model": GAN(), "train_dataloader": data, "criterion": nn.MSELoss()}
+    model = GAN()
+    task = {"model": model, "train_dataloader": data, "criterion": nn.MSELoss()}
+    if own_optimizers:
+        task["optimizer"] = {
+            "generator": torch.optim.SGD(model.generator.parameters(), lr=0.1),
+            "discriminator": torch.optim.SGD(model.discriminator.parameters(), lr=0.2),
+        }
+    return task
 """
 
 #: 5 batches an epoch in groups of 2 (the epoch's last batch closes a group): 3 optimizer
@@ -113,6 +121,21 @@ def test_params_names_a_nested_submodule_in_one_section_too(gan, tmp_path):
     assert type(optimizer).__name__ == "SGD"  # one section: one optimizer, as before
     last = objects["model"].generator[2]
     assert ids(optimizer.param_groups[0]["params"]) == ids(last.parameters())
+
+
+def test_named_schedules_over_the_optimizers_a_task_returns(gan, tmp_path):
+    own = ["task_args.own_optimizers=true", "optimizer=null"]
+    objects = build_task(cfg.load(gan, own, work_dir=tmp_path / "run"), training=True)
+    optimizers, schedulers = objects["optimizer"], objects["scheduler"]
+    assert {n: s.optimizer for n, s in schedulers.items()} == optimizers
+    assert schedulers["discriminator"].T_max == STEPS
+    one = "scheduler={main: {type: StepLR, step_size: 1}}"
+    with pytest.raises(ConfigError) as refused:
+        build_task(cfg.load(gan, [*own, one], work_dir=tmp_path / "run"), training=True)
+    assert refused.value.lines == [
+        "scheduler: one schedule for the optimizers generator, discriminator; give each its "
+        "own by name (scheduler: {generator: {main: ...}})"
+    ]
 
 
 def test_auto_lengths_are_each_schedules_optimizer_steps(gan, tmp_path):
