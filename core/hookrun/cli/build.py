@@ -18,8 +18,8 @@ def build_task(loaded: LoadedConfig, training: bool) -> dict[str, Any]:
     """Import and call the task (after seeding), check what it returned, and add the
     optimizer and scheduler the config declares. ``training``: an optimizer is required."""
     from hookrun.config.optimizers import (
-        build_optimizer,
-        build_scheduler,
+        build_optimizers,
+        build_schedulers,
         run_length,
         schedule_interval,
     )
@@ -37,7 +37,7 @@ def build_task(loaded: LoadedConfig, training: bool) -> dict[str, Any]:
     declared = {key: data.get(key) for key in ("optimizer", "scheduler")}
     objects = check_task_result(build(**data["task_args"]), task, declared, training)
     if declared["optimizer"] is not None:
-        objects["optimizer"] = build_optimizer(objects["model"], declared["optimizer"])
+        objects["optimizer"] = build_optimizers(objects["model"], declared["optimizer"])
     if declared["scheduler"] is not None and (training or objects.get("train_dataloader")):
         if objects.get("optimizer") is None:
             raise ConfigError("scheduler: there is no optimizer to schedule")
@@ -49,7 +49,7 @@ def build_task(loaded: LoadedConfig, training: bool) -> dict[str, Any]:
             runner["max_iters"],
             runner["grad_accum"],
         )
-        objects["scheduler"] = build_scheduler(
+        objects["scheduler"] = build_schedulers(
             objects["optimizer"], declared["scheduler"], length, interval
         )
     return objects

@@ -468,17 +468,9 @@ def schedule(config: Path, overrides: Sequence[str], plot: Path | None, as_json:
         _notice(f"building task {loaded.data['task']} ...")
     steps = lr_schedule.compute(loaded)
     if as_json:
-        echo(
-            to_json(
-                [
-                    {"iter": s.iter, "epoch": s.epoch, "lr": s.lrs, "momentum": s.momenta}
-                    for s in steps
-                ]
-            )
-        )
+        echo(to_json([lr_schedule.as_json(s) for s in steps]))
     else:
-        header = ["iter", "epoch", "lr"] + (["momentum"] if any(s.momenta for s in steps) else [])
-        echo(aligned(lr_schedule.table_rows(steps), header))
+        echo(aligned(lr_schedule.table_rows(steps), lr_schedule.table_header(steps)))
         interval = loaded.runner["scheduler_interval"]
         echo(f"{len(steps)} iterations; the schedule steps per {interval}")
     if plot is not None:

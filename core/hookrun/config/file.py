@@ -19,9 +19,12 @@ from pydantic import ValidationError
 from hookrun.config.arguments import error_lines, path_problem
 from hookrun.config.model import Config, RunnerConfig
 from hookrun.config.optimizers import (
+    SHAPES,
     optimizer_errors,
     schedule_errors,
+    schedule_interval,
     scheduler_errors,
+    sections,
 )
 from hookrun.config.schema import schema, settings_rows
 from hookrun.config.task import (
@@ -93,9 +96,8 @@ def load(
     for section in ("optimizer", "scheduler"):  # keywords as given: no pydantic defaults
         if data[section] is not None:
             data[section] = raw[section]
-    interval = (raw.get("scheduler") or {}).get("interval")
-    if interval:  # one source: the runner steps the schedule at its section's interval
-        data["runner"]["scheduler_interval"] = interval
+    if raw.get("scheduler"):  # one source: the runner steps the schedules at their interval
+        data["runner"]["scheduler_interval"] = schedule_interval(raw["scheduler"], data["runner"])
     return LoadedConfig(path=path, data=data)
 
 
@@ -262,7 +264,7 @@ def validate(raw: dict[str, Any], path: Path) -> list[str]:
         config = Config.model_validate(raw)
     except ValidationError as exc:
         errors += _lines(exc)
-        refused = {tuple(err["loc"][:2]) for err in exc.errors()}
+        refused = {tuple(_loc(err)[:2]) for err in exc.errors()}
         config = None
     task = raw.get("task")
     if isinstance(task, str) and ("task",) not in refused:
@@ -356,15 +358,22 @@ def _place_errors(where: str, path: Path, folder: bool) -> list[str]:
 
 
 def _interval_errors(scheduler: Any, runner: dict[str, Any]) -> list[str]:
-    """The schedule's interval is said once: in ``scheduler.interval`` or the runner's."""
-    own = scheduler.get("interval") if isinstance(scheduler, dict) else None
+    """The schedules' interval is said once: in ``scheduler.interval`` (each named
+    section's the same) or the runner's."""
+    said = [
+        (f"{where}.interval", one.get("interval"))
+        for _, where, one in sections("scheduler", scheduler)
+        if isinstance(one, dict) and one.get("interval") in ("iter", "epoch")  # else pydantic's
+    ]
     other = runner.get("scheduler_interval")
-    if own and other and own != other:
-        return [
-            f"scheduler.interval: {own!r} contradicts runner.scheduler_interval {other!r}; "
-            "keep one of them"
-        ]
-    return []
+    if other:
+        said.insert(0, ("runner.scheduler_interval", other))
+    first, value = said[0] if said else ("", None)
+    return [
+        f"{where}: {own!r} contradicts {first} {value!r}; keep one of them"
+        for where, own in said[1:]
+        if own != value
+    ]
 
 
 def _lines(exc: ValidationError) -> list[str]:
@@ -372,7 +381,8 @@ def _lines(exc: ValidationError) -> list[str]:
     Runner reports them), the rest with did-you-mean against the top-level keys."""
     lines = []
     for err in exc.errors():
-        loc = err["loc"]
+        loc = _loc(err)
+        err = {**err, "loc": loc}
         if len(loc) > 1 and loc[0] == "runner":
             lines += error_lines([{**err, "loc": loc[1:]}])
         elif err["type"] == "string_pattern_mismatch" and loc == ("task",):
@@ -383,6 +393,15 @@ def _lines(exc: ValidationError) -> list[str]:
         else:
             lines += validation_lines(_OneError(err), "", Config.model_fields)
     return lines
+
+
+def _loc(err: Any) -> tuple[Any, ...]:
+    """A pydantic error's location without the shape tag of the ``optimizer:`` or
+    ``scheduler:`` key (one section or named ones), as the file spells the path."""
+    loc = tuple(err["loc"])
+    if len(loc) > 1 and loc[0] in ("optimizer", "scheduler") and loc[1] in SHAPES:
+        return loc[:1] + loc[2:]
+    return loc
 
 
 class _OneError:

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from hookrun.config.arguments import RunnerArguments
-from hookrun.config.optimizers import OptimizerConfig, SchedulerConfig
+from hookrun.config.optimizers import OptimizerSections, SchedulerSections
 
 
 class RunnerConfig(RunnerArguments):
@@ -38,11 +38,14 @@ class Config(BaseModel):
         description="Plugin name to a settings mapping (enable and "
         "configure), true (enable with defaults) or false (disable).",
     )
-    optimizer: OptimizerConfig | None = Field(
+    optimizer: OptimizerSections | None = Field(
         None,
         description="The optimizer, built over the task's model: `type` and its keywords "
-        "(the task then returns none).",
+        "(the task then returns none); or a mapping of names to such sections, each with "
+        "`params:` naming the submodule it trains.",
     )
-    scheduler: SchedulerConfig | None = Field(
-        None, description="The learning-rate schedule: an optional warm-up, then `main`."
+    scheduler: SchedulerSections | None = Field(
+        None,
+        description="The learning-rate schedule: an optional warm-up, then `main`; or a "
+        "mapping of optimizer names to such sections.",
     )

@@ -7,6 +7,10 @@ the class's signature and tried on a throwaway parameter, so torch's own range c
 (``Invalid learning rate``) surface as config errors. The schedule is torch's own: an
 optional ``LinearLR`` warm-up followed by the main scheduler through ``SequentialLR``
 (:mod:`hookrun.config.schedule` steps it without training).
+
+Either section is one section or a mapping of names to sections (several optimizers, each
+training the submodule its ``params:`` names, and a schedule per optimizer name); every
+check and build below runs per section, its lines naming the section's path.
 """
 
 from __future__ import annotations
@@ -15,12 +19,12 @@ import fnmatch
 import importlib
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from hookrun.engine.position import DEFAULT_MAX_EPOCHS, groups_closed
 from hookrun.errors import ConfigError
@@ -63,6 +67,12 @@ class OptimizerConfig(BaseModel):
         description="Give biases and normalisation weights (every parameter with fewer "
         "than 2 dimensions) `weight_decay: 0`.",
     )
+    params: str | None = Field(
+        None,
+        min_length=1,
+        description="The submodule this optimizer trains, by its dotted name (`generator`, "
+        "`encoder.layers`); default: the whole model.",
+    )
 
 
 class Warmup(BaseModel):
@@ -101,28 +111,91 @@ class SchedulerConfig(BaseModel):
     )
 
 
+def optimizer_named(section: Any) -> bool:
+    """Whether an ``optimizer:`` section is a mapping of names to sections: every value a
+    mapping (one section has a ``type`` string)."""
+    return (
+        isinstance(section, Mapping)
+        and bool(section)
+        and all(isinstance(v, Mapping) for v in section.values())
+    )
+
+
+def scheduler_named(section: Any) -> bool:
+    """Whether a ``scheduler:`` section is a mapping of optimizer names to sections: every
+    value a mapping, and no key one of a section's (``main``, ``warmup``, ``interval``) unless
+    every value is a section itself (an optimizer may be named ``main``)."""
+    if not optimizer_named(section):
+        return False
+    keys = set(section) & set(SchedulerConfig.model_fields)
+    return not keys or all("main" in v for v in section.values())
+
+
+def sections(kind: str, section: Any) -> list[tuple[str | None, str, Any]]:
+    """``(name, where, section)`` of each section of the ``optimizer:`` or ``scheduler:``
+    key: one section (name None, where ``kind``) or each named one (``kind.name``)."""
+    named = optimizer_named(section) if kind == "optimizer" else scheduler_named(section)
+    if not named:
+        return [(None, kind, section)]
+    return [(str(name), f"{kind}.{name}", one) for name, one in section.items()]
+
+
+def _shape(named: Callable[[Any], bool]) -> Callable[[Any], str]:
+    """Which of the two shapes a value of the key has (pydantic's discriminator): read from
+    the file's mapping, or from a validated one when it is written back."""
+
+    def shape(value: Any) -> str:
+        validated = isinstance(value, Mapping) and value
+        if validated and all(isinstance(v, BaseModel) for v in value.values()):
+            return "named"
+        return "named" if named(value) else "one"
+
+    return shape
+
+
+OptimizerSections = Annotated[
+    Annotated[OptimizerConfig, Tag("one")] | Annotated[dict[str, OptimizerConfig], Tag("named")],
+    Discriminator(_shape(optimizer_named)),
+]
+"""The ``optimizer:`` key: one section or a mapping of names to sections."""
+
+SchedulerSections = Annotated[
+    Annotated[SchedulerConfig, Tag("one")] | Annotated[dict[str, SchedulerConfig], Tag("named")],
+    Discriminator(_shape(scheduler_named)),
+]
+"""The ``scheduler:`` key: one section or a mapping of optimizer names to sections."""
+
+#: The tags of the two shapes, which pydantic puts in an error's location (left out of lines).
+SHAPES = ("one", "named")
+
+
 # -- checking ---------------------------------------------------------------------------------
 
 
 def optimizer_errors(section: Any) -> list[str]:
-    """Problems of an ``optimizer:`` section that hold whatever the model: the class, its
-    keywords (names against the signature, values tried on a throwaway parameter)."""
+    """Problems of the ``optimizer:`` key that hold whatever the model, each section's:
+    the class, its keywords (names against the signature, values tried on a throwaway
+    parameter)."""
+    return [e for _, where, one in sections("optimizer", section) for e in _optimizer(where, one)]
+
+
+def _optimizer(where: str, section: Any) -> list[str]:
     if not isinstance(section, Mapping) or not isinstance(section.get("type"), str):
         return []  # the pydantic pass words these
     try:
         cls = find_class(section["type"], "torch.optim")
     except ConfigError as exc:
-        return [f"optimizer.type: {line}" for line in exc.lines]
+        return [f"{where}.type: {line}" for line in exc.lines]
     errors: list[str] = []
     keywords = {k: v for k, v in section.items() if k not in OptimizerConfig.model_fields}
-    errors += keyword_errors("optimizer", cls, keywords, skip=("params",))
+    errors += keyword_errors(where, cls, keywords, skip=("params",))
     groups = section.get("param_groups")
     for i, group in enumerate(groups if isinstance(groups, list) else []):
         if isinstance(group, Mapping):
             extra = {k: v for k, v in group.items() if k != "params"}
-            errors += keyword_errors(f"optimizer.param_groups.{i}", cls, extra, ("params",))
-    errors += _quoted_numbers("optimizer", keywords)
-    errors += non_finite_errors("optimizer", section)
+            errors += keyword_errors(f"{where}.param_groups.{i}", cls, extra, ("params",))
+    errors += _quoted_numbers(where, keywords)
+    errors += non_finite_errors(where, section)
     if errors:
         return errors
     import torch
@@ -133,29 +206,33 @@ def optimizer_errors(section: Any) -> list[str]:
             if isinstance(group, Mapping):
                 cls([torch.zeros(1, requires_grad=True)], **{**keywords, **_extra(group)})
     except Exception as exc:
-        return [f"optimizer: {section['type']} refuses these values: {_one_line(exc)}"]
+        return [f"{where}: {section['type']} refuses these values: {_one_line(exc)}"]
     return []
 
 
 def scheduler_errors(section: Any) -> list[str]:
-    """Problems of a ``scheduler:`` section found without a model: the main class, its
-    keywords against the signature, ``auto`` only where a length goes."""
+    """Problems of the ``scheduler:`` key found without a model, each section's: the main
+    class, its keywords against the signature, ``auto`` only where a length goes."""
+    return [e for _, where, one in sections("scheduler", section) for e in _scheduler(where, one)]
+
+
+def _scheduler(where: str, section: Any) -> list[str]:
     main = section.get("main") if isinstance(section, Mapping) else None
     if not isinstance(main, Mapping):
         return []
     kind = main.get("type")
     if not isinstance(kind, str):
-        return ["scheduler.main.type: required: a torch.optim.lr_scheduler class or a dotted path"]
+        return [f"{where}.main.type: required: a torch.optim.lr_scheduler class or a dotted path"]
     try:
         cls = find_class(kind, "torch.optim.lr_scheduler")
     except ConfigError as exc:
-        return [f"scheduler.main.type: {line}" for line in exc.lines]
+        return [f"{where}.main.type: {line}" for line in exc.lines]
     keywords = {k: v for k, v in main.items() if k != "type"}
-    errors = keyword_errors("scheduler.main", cls, keywords, skip=("optimizer",))
-    errors += _quoted_numbers("scheduler.main", keywords)
-    errors += non_finite_errors("scheduler.main", keywords)
+    errors = keyword_errors(f"{where}.main", cls, keywords, skip=("optimizer",))
+    errors += _quoted_numbers(f"{where}.main", keywords)
+    errors += non_finite_errors(f"{where}.main", keywords)
     errors += [
-        f"scheduler.main.{key}: `auto` only fills {', '.join(AUTO_KEYS)}"
+        f"{where}.main.{key}: `auto` only fills {', '.join(AUTO_KEYS)}"
         for key, value in keywords.items()
         if value == "auto" and key not in AUTO_KEYS
     ]
@@ -240,12 +317,37 @@ def _one_line(exc: BaseException) -> str:
 # -- building ---------------------------------------------------------------------------------
 
 
-def build_optimizer(model: torch.nn.Module, section: Mapping[str, Any]) -> torch.optim.Optimizer:
-    """The optimizer the section declares over ``model``'s trainable parameters."""
+def build_optimizers(
+    model: torch.nn.Module, section: Mapping[str, Any]
+) -> torch.optim.Optimizer | dict[str, torch.optim.Optimizer]:
+    """The optimizer the ``optimizer:`` key declares, or the optimizers by name when it
+    names several; every section's mistakes at once."""
+    built: dict[str | None, torch.optim.Optimizer] = {}
+    errors: list[str] = []
+    for name, where, one in sections("optimizer", section):
+        try:
+            built[name] = build_optimizer(model, one, where)
+        except ConfigError as exc:
+            errors += exc.lines
+    if errors:
+        raise ConfigError(errors)
+    if None in built:
+        return built[None]
+    return {str(name): optimizer for name, optimizer in built.items()}
+
+
+def build_optimizer(
+    model: torch.nn.Module, section: Mapping[str, Any], where: str = "optimizer"
+) -> torch.optim.Optimizer:
+    """The optimizer one section declares over the trainable parameters of ``model``, or of
+    its submodule ``params``; ``where`` is the section's path in the lines."""
     config = OptimizerConfig.model_validate(section)
     cls = find_class(config.type, "torch.optim")
     keywords = dict(config.model_extra or {})
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    module = model if config.params is None else submodule(model, config.params, where)
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    if not named:
+        raise ConfigError(f"{where}.params: {config.params!r} has no trainable parameter")
     buckets: list[list[tuple[str, Any]]] = [[] for _ in range(len(config.param_groups) + 1)]
     for name, param in named:
         index = next(
@@ -258,7 +360,7 @@ def build_optimizer(model: torch.nn.Module, section: Mapping[str, Any]) -> torch
         )
         buckets[index].append((name, param))
     errors = [
-        f"optimizer.param_groups.{i}.params: {g.params!r} matches no trainable parameter"
+        f"{where}.param_groups.{i}.params: {g.params!r} matches no trainable parameter"
         for i, g in enumerate(config.param_groups)
         if not buckets[i + 1]
     ]
@@ -274,6 +376,30 @@ def build_optimizer(model: torch.nn.Module, section: Mapping[str, Any]) -> torch
         if plain:
             groups.append({"params": plain, **extra, "weight_decay": 0.0})
     return cls(groups, **keywords)
+
+
+#: How many submodule names a line lists before it shortens the list with "...".
+LISTED = 8
+
+
+def submodule(model: torch.nn.Module, dotted: str, where: str) -> torch.nn.Module:
+    """The submodule ``dotted`` of ``model``; a name it lacks is one line naming the section
+    and the submodules there are (a did-you-mean, the list shortened)."""
+    module = model
+    path: list[str] = []
+    for part in dotted.split("."):
+        children = dict(module.named_children())
+        if part not in children:
+            owner = ".".join(path) if path else "the model"
+            names = list(children)
+            listed = ", ".join(names[:LISTED]) + (", ..." if len(names) > LISTED else "")
+            raise ConfigError(
+                f"{where}.params: {owner} has no submodule {part!r}{did_you_mean(part, names)} "
+                f"(its submodules: {listed or 'none'})"
+            )
+        module = children[part]
+        path.append(part)
+    return module
 
 
 @dataclass(frozen=True)
@@ -303,16 +429,72 @@ def run_length(
     return RunLength(full + (1 if rest else 0), per_epoch, steps, max_iters)
 
 
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, section: Mapping[str, Any], length: RunLength, interval: str
+def build_schedulers(
+    optimizer: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
+    section: Mapping[str, Any],
+    length: RunLength,
+    interval: str,
 ) -> Any:
-    """The schedule the section declares: warm-up (``LinearLR``) then the main scheduler,
+    """The schedule the ``scheduler:`` key declares over ``optimizer``, or the schedules by
+    optimizer name; each named schedule's ``auto`` lengths are the run's optimizer steps, as
+    automatic optimization steps every optimizer at each accumulation boundary."""
+    if not isinstance(optimizer, Mapping):
+        errors = target_errors(section, None)
+        if errors:
+            raise ConfigError(errors)
+        return build_scheduler(optimizer, section, length, interval)
+    errors = target_errors(section, list(optimizer))
+    if errors:
+        raise ConfigError(errors)
+    built = {}
+    for name, where, one in sections("scheduler", section):
+        try:
+            built[str(name)] = build_scheduler(optimizer[str(name)], one, length, interval, where)
+        except ConfigError as exc:
+            errors += exc.lines
+    if errors:
+        raise ConfigError(errors)
+    return built
+
+
+def target_errors(scheduler: Any, optimizers: list[str] | None) -> list[str]:
+    """A schedule per optimizer name: the ``scheduler:`` key named as the optimizers are
+    (``optimizers``: their names, None when there is one), each name an optimizer's."""
+    named = scheduler_named(scheduler)
+    if optimizers is None:
+        if not named:
+            return []
+        return [
+            f"scheduler: names schedules ({', '.join(map(str, scheduler))}) for one optimizer; "
+            "name the optimizers too (optimizer: {NAME: {type: ..., params: SUBMODULE}})"
+        ]
+    if not named:
+        return [
+            f"scheduler: one schedule for the optimizers {', '.join(optimizers)}; give each "
+            f"its own by name (scheduler: {{{optimizers[0]}: {{main: ...}}}})"
+        ]
+    return [
+        f"scheduler.{name}: no optimizer named {name!r}{did_you_mean(str(name), optimizers)} "
+        f"(optimizers: {', '.join(optimizers)})"
+        for name in scheduler
+        if str(name) not in optimizers
+    ]
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    section: Mapping[str, Any],
+    length: RunLength,
+    interval: str,
+    where: str = "scheduler",
+) -> Any:
+    """The schedule one section declares: warm-up (``LinearLR``) then the main scheduler,
     composed with ``SequentialLR``; ``auto`` lengths are filled from ``length``."""
     from torch.optim.lr_scheduler import LinearLR, SequentialLR
 
     config = SchedulerConfig.model_validate(section)
     epochs = None if length.max_iters is not None else length.epochs
-    problem = warmup_problem(config.warmup, interval, epochs, length.max_iters)
+    problem = warmup_problem(config.warmup, interval, epochs, length.max_iters, where)
     if problem:
         raise ConfigError(problem)
     warm = warmup_steps(config.warmup, interval, length)
@@ -320,16 +502,18 @@ def build_scheduler(
     if warm >= total:
         unit = "optimizer steps" if interval == "iter" else "epochs"
         raise ConfigError(
-            f"scheduler.warmup: {warm} warm-up steps leave nothing of the run's {total} {unit}"
+            f"{where}.warmup: {warm} warm-up steps leave nothing of the run's {total} {unit}"
         )
-    main = build_main(optimizer, config.main, total - warm)
+    main = build_main(optimizer, config.main, total - warm, where)
     if not warm:
         return main
     warmup = LinearLR(optimizer, start_factor=config.warmup.start_factor, total_iters=warm)  # type: ignore[union-attr]
     return SequentialLR(optimizer, [warmup, main], milestones=[warm])
 
 
-def build_main(optimizer: torch.optim.Optimizer, main: Mapping[str, Any], auto: int) -> Any:
+def build_main(
+    optimizer: torch.optim.Optimizer, main: Mapping[str, Any], auto: int, where: str = "scheduler"
+) -> Any:
     """The main scheduler over ``optimizer``, ``auto`` lengths filled with ``auto``; torch's
     refusal of a value is one config line."""
     keywords = {k: (auto if v == "auto" else v) for k, v in main.items() if k != "type"}
@@ -337,7 +521,7 @@ def build_main(optimizer: torch.optim.Optimizer, main: Mapping[str, Any], auto: 
     try:
         return cls(optimizer, **keywords)
     except Exception as exc:
-        message = f"scheduler.main: {cls.__name__} refuses these values: {_one_line(exc)}"
+        message = f"{where}.main: {cls.__name__} refuses these values: {_one_line(exc)}"
         raise ConfigError(message) from None
 
 
@@ -346,17 +530,36 @@ def schedule_errors(
     runner: Mapping[str, Any],
     optimizer: Mapping[str, Any] | None,
 ) -> list[str]:
-    """What :func:`build_scheduler` refuses that the config alone decides, for ``hookrun
-    config validate``, with the same lines from the same checks: the warm-up
-    (:func:`warmup_problem`), and with a declared (and valid) ``optimizer`` section the main
-    scheduler's values on a throwaway one (:func:`build_main`). Its groups are as many as the
-    longest list among the keywords, so a per-group list passes here: whether it fits the
-    model's groups, and the warm-up against a length in batches, the task tells."""
+    """What :func:`build_schedulers` refuses that the config alone decides, for ``hookrun
+    config validate``, with the same lines from the same checks: with a declared (and valid)
+    ``optimizer:`` key, a schedule per optimizer name (:func:`target_errors`); each section's
+    warm-up (:func:`warmup_problem`) and the main scheduler's values on a throwaway
+    optimizer of its optimizer's class (:func:`build_main`)."""
+    targets: dict[str | None, Any] = {}
+    if optimizer is not None:
+        targets = {name: one for name, _, one in sections("optimizer", optimizer)}
+        names = None if None in targets else [str(name) for name in targets]
+        errors = target_errors(section, names)
+        if errors:
+            return errors
+    return [
+        e
+        for name, where, one in sections("scheduler", section)
+        for e in _schedule(where, one, runner, targets.get(name))
+    ]
+
+
+def _schedule(
+    where: str, section: Mapping[str, Any], runner: Mapping[str, Any], optimizer: Any
+) -> list[str]:
+    """One section's checks for :func:`schedule_errors`. The throwaway optimizer's groups are
+    as many as the longest list among the keywords, so a per-group list passes here: whether
+    it fits the model's groups, and the warm-up against a length in batches, the task tells."""
     config = SchedulerConfig.model_validate(section)
     interval = schedule_interval(section, runner)
     max_iters = runner.get("max_iters")
     epochs = None if max_iters is not None else runner.get("max_epochs") or DEFAULT_MAX_EPOCHS
-    problem = warmup_problem(config.warmup, interval, epochs, max_iters)
+    problem = warmup_problem(config.warmup, interval, epochs, max_iters, where)
     if problem:
         return [problem]
     if optimizer is None:
@@ -368,14 +571,18 @@ def schedule_errors(
     options = {k: v for k, v in optimizer.items() if k not in OptimizerConfig.model_fields}
     throwaway = find_class(str(optimizer["type"]), "torch.optim")(groups, **options)
     try:  # any length the run gives ``auto`` is at least 1, which torch's checks take alike
-        build_main(throwaway, config.main, 1)
+        build_main(throwaway, config.main, 1, where)
     except ConfigError as exc:
         return exc.lines
     return []
 
 
 def warmup_problem(
-    warmup: Warmup | None, interval: str, epochs: int | None, max_iters: int | None
+    warmup: Warmup | None,
+    interval: str,
+    epochs: int | None,
+    max_iters: int | None,
+    where: str = "scheduler",
 ) -> str | None:
     """A warm-up in the wrong unit, or as long as the run where the config alone tells:
     ``epochs`` is the run's length when it is whole epochs, ``max_iters`` when it is
@@ -384,17 +591,17 @@ def warmup_problem(
         return None
     if warmup.iters is not None and interval == "epoch":
         return (
-            "scheduler.warmup.iters: an epoch-wise schedule warms up in epochs "
+            f"{where}.warmup.iters: an epoch-wise schedule warms up in epochs "
             "(use warmup.epochs, or interval: iter)"
         )
     if warmup.epochs is not None and epochs is not None and warmup.epochs >= epochs:
         return (
-            f"scheduler.warmup.epochs: {warmup.epochs} warm-up epochs leave nothing of "
+            f"{where}.warmup.epochs: {warmup.epochs} warm-up epochs leave nothing of "
             f"the run's {epochs} epochs"
         )
     if warmup.iters is not None and max_iters is not None and warmup.iters >= max_iters:
         return (
-            f"scheduler.warmup.iters: {warmup.iters} warm-up iterations leave nothing of "
+            f"{where}.warmup.iters: {warmup.iters} warm-up iterations leave nothing of "
             f"the run's {max_iters} iterations"
         )
     return None
@@ -410,6 +617,11 @@ def warmup_steps(warmup: Warmup | None, interval: str, length: RunLength) -> int
 
 
 def schedule_interval(scheduler: Mapping[str, Any] | None, runner: Mapping[str, Any]) -> str:
-    """The interval a declared schedule steps at: its own, else the runner's."""
-    own = scheduler.get("interval") if scheduler else None
-    return str(own or runner.get("scheduler_interval") or "epoch")
+    """The interval the declared schedules step at: their own (each section's, which agree),
+    else the runner's."""
+    own = [
+        one.get("interval")
+        for _, _, one in sections("scheduler", scheduler or {})
+        if isinstance(one, Mapping)
+    ]
+    return str(next(filter(None, own), None) or runner.get("scheduler_interval") or "epoch")

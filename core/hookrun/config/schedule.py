@@ -1,6 +1,7 @@
 """``hookrun schedule``: the learning rate (and momentum) of every iteration of a run,
-computed by stepping the run's own optimizer and scheduler as the training loop does,
-without a forward or backward pass; a compact console table and an optional PNG.
+computed by stepping the run's own optimizers and schedulers as the training loop does,
+without a forward or backward pass; a compact console table and an optional PNG. With
+several optimizers each has its columns, named as the run logs them (``train/lr/<name>``).
 
 Also how a resumed run continues its schedule (:func:`continue_schedule`): a longer run is
 a longer schedule, so what ``hookrun schedule`` shows for the resumed config is what the
@@ -13,7 +14,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hookrun.engine.position import DEFAULT_MAX_EPOCHS, Phase, group_ends
 from hookrun.errors import HookrunError
@@ -37,18 +38,20 @@ def check_plot_extra() -> None:
 
 
 def compute(loaded: LoadedConfig) -> list[ScheduledIter]:
-    """Build the task (model, loaders, optimizer, schedule) as ``hookrun train`` does and
-    step its schedule through the whole run."""
+    """Build the task (model, loaders, optimizers, schedules) as ``hookrun train`` does and
+    step its schedules through the whole run."""
     from hookrun.cli.build import build_task
+    from hookrun.engine.optimizer_step import named_optimizers
 
     objects = build_task(loaded, training=True)
     runner = loaded.runner
     batches = len(objects["train_dataloader"])
     max_iters = runner["max_iters"] or (runner["max_epochs"] or DEFAULT_MAX_EPOCHS) * batches
+    optimizers, schedulers = named_optimizers(objects["optimizer"], objects.get("scheduler"))
     return list(
         simulate(
-            objects["optimizer"],
-            objects.get("scheduler"),
+            optimizers,
+            schedulers,
             batches,
             max_iters,
             runner["grad_accum"],
@@ -57,53 +60,78 @@ def compute(loaded: LoadedConfig) -> list[ScheduledIter]:
     )
 
 
-@dataclass(frozen=True)
-class ScheduledIter:
-    """The learning rates (and momenta) one training iteration steps with."""
+class Rates(NamedTuple):
+    """One optimizer's learning rates and momenta, a value per parameter group (momenta
+    only where the optimizer has one)."""
 
-    iter: int  # 1-based: the ``step`` a JSONL record of this iteration carries
-    epoch: int
     lrs: tuple[float, ...]
     momenta: tuple[float, ...]
 
 
+@dataclass(frozen=True)
+class ScheduledIter:
+    """The learning rates (and momenta) one training iteration steps with, by optimizer
+    name (``main`` when there is one)."""
+
+    iter: int  # 1-based: the ``step`` a JSONL record of this iteration carries
+    epoch: int
+    rates: dict[str, Rates]
+
+    @property
+    def lrs(self) -> tuple[float, ...]:
+        """Every parameter group's learning rate, optimizer after optimizer."""
+        return tuple(lr for rates in self.rates.values() for lr in rates.lrs)
+
+    @property
+    def momenta(self) -> tuple[float, ...]:
+        """Every parameter group's momentum, optimizer after optimizer."""
+        return tuple(m for rates in self.rates.values() for m in rates.momenta)
+
+
 def simulate(
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    schedulers: Mapping[str, Any],
     batches_per_epoch: int,
     max_iters: int,
     grad_accum: int,
     interval: str,
 ) -> Iterator[ScheduledIter]:
-    """Step ``scheduler`` as the training loop does (after each optimizer step, or after
-    each complete epoch), with no gradient and so no change to any weight; yield every
-    iteration's learning rates. ``optimizer.step()`` with no gradients is a no-op."""
+    """Step the schedulers as automatic optimization does (every optimizer steps at each
+    accumulation boundary, each scheduler after its optimizer, or after each complete
+    epoch), with no gradient and so no change to any weight; yield every iteration's
+    learning rates. ``optimizer.step()`` with no gradients is a no-op."""
     done, epoch = 0, 0
     while done < max_iters:
         for batch_idx in range(batches_per_epoch):
-            groups = optimizer.param_groups
             yield ScheduledIter(
                 done + 1,
                 epoch,
-                tuple(float(g["lr"]) for g in groups),
-                tuple(_momentum(g) for g in groups if _momentum(g) is not None),  # type: ignore[misc]
+                {name: _rates(optimizer) for name, optimizer in optimizers.items()},
             )
             done += 1
             boundary = group_ends(batch_idx + 1, batches_per_epoch, grad_accum)
-            if boundary and interval == "iter" and scheduler is not None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    optimizer.step()
-                    scheduler.step()
+            if boundary and interval == "iter":
+                _step(optimizers, schedulers)
             if done >= max_iters:
                 break
         else:
-            if interval == "epoch" and scheduler is not None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    optimizer.step()
-                    scheduler.step()
+            if interval == "epoch":
+                _step(optimizers, schedulers)
         epoch += 1
+
+
+def _step(optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Mapping[str, Any]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, scheduler in schedulers.items():
+            optimizers[name].step()
+            scheduler.step()
+
+
+def _rates(optimizer: torch.optim.Optimizer) -> Rates:
+    groups = optimizer.param_groups
+    momenta = [_momentum(g) for g in groups]
+    return Rates(tuple(float(g["lr"]) for g in groups), tuple(m for m in momenta if m is not None))
 
 
 #: Entries of a scheduler's state that count its progress; the others describe the schedule
@@ -182,9 +210,36 @@ def _momentum(group: Mapping[str, Any]) -> float | None:
     return None
 
 
+def as_json(step: ScheduledIter) -> dict[str, Any]:
+    """One iteration for ``--json``: ``lr`` and ``momentum`` per group; with several
+    optimizers, mappings of their names to those lists."""
+    if len(step.rates) == 1:
+        return {"iter": step.iter, "epoch": step.epoch, "lr": step.lrs, "momentum": step.momenta}
+    return {
+        "iter": step.iter,
+        "epoch": step.epoch,
+        "lr": {name: rates.lrs for name, rates in step.rates.items()},
+        "momentum": {name: rates.momenta for name, rates in step.rates.items()},
+    }
+
+
+def table_header(steps: list[ScheduledIter]) -> list[str]:
+    """``lr`` (and ``momentum``) for one optimizer; with several, ``lr/<name>`` (and
+    ``momentum/<name>``) for each: the names the run logs under ``train/``."""
+    names = list(steps[0].rates) if steps else []
+    several = len(names) > 1
+    header = ["iter", "epoch"] + [f"lr/{name}" if several else "lr" for name in names]
+    return header + [
+        f"momentum/{name}" if several else "momentum"
+        for name in names
+        if any(s.rates[name].momenta for s in steps)
+    ]
+
+
 def table_rows(steps: list[ScheduledIter], rows: int = 16) -> list[list[str]]:
     """About ``rows`` iterations, evenly spread, with the first and last and every one at
-    which the learning rate stops rising (a warm-up's end)."""
+    which the learning rate stops rising (a warm-up's end); the columns of
+    :func:`table_header`."""
     if not steps:
         return []
     picked = {0, len(steps) - 1}
@@ -192,18 +247,21 @@ def table_rows(steps: list[ScheduledIter], rows: int = 16) -> list[list[str]]:
     picked |= {
         i for i in range(1, len(steps) - 1) if steps[i - 1].lrs < steps[i].lrs >= steps[i + 1].lrs
     }
+    names = list(steps[0].rates)
+    moving = [name for name in names if any(s.rates[name].momenta for s in steps)]
     table = []
     for i in sorted(picked):
         step = steps[i]
-        row = [str(step.iter), str(step.epoch), _numbers(step.lrs)]
-        if any(s.momenta for s in steps):
-            row.append(_numbers(step.momenta))
+        row = [str(step.iter), str(step.epoch)]
+        row += [_numbers(step.rates[name].lrs) for name in names]
+        row += [_numbers(step.rates[name].momenta) for name in moving]
         table.append(row)
     return table
 
 
 def plot(steps: list[ScheduledIter], path: Path, title: str) -> None:
-    """The learning rate (and momentum, on a second axis) over the run's iterations."""
+    """The learning rate of each optimizer's groups (and each one's first momentum, dashed,
+    on a second axis) over the run's iterations."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -211,14 +269,21 @@ def plot(steps: list[ScheduledIter], path: Path, title: str) -> None:
 
     figure, axis = plt.subplots(figsize=(8, 4))
     iters = [s.iter for s in steps]
-    for group in range(len(steps[0].lrs) if steps else 0):
-        axis.plot(iters, [s.lrs[group] for s in steps], label=f"lr group {group}")
+    names = list(steps[0].rates) if steps else []
+    label = "{name} group {group}" if len(names) > 1 else "lr group {group}"
+    for name in names:
+        for group in range(len(steps[0].rates[name].lrs)):
+            lrs = [s.rates[name].lrs[group] for s in steps]
+            axis.plot(iters, lrs, label=label.format(name=name, group=group))
     axis.set_xlabel("iteration")
     axis.set_ylabel("learning rate")
     axis.set_title(title)
-    if steps and steps[0].momenta:
+    moving = [name for name in names if steps[0].rates[name].momenta]
+    if moving:
         other = axis.twinx()
-        other.plot(iters, [s.momenta[0] for s in steps], color="grey", linestyle="--")
+        for name in moving:
+            momenta = [s.rates[name].momenta[0] for s in steps]
+            other.plot(iters, momenta, color="grey", linestyle="--")
         other.set_ylabel("momentum", color="grey")
     axis.legend(loc="upper right")
     figure.tight_layout()
