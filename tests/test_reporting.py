@@ -112,9 +112,14 @@ def test_config_and_plugin_table_reach_every_writer(tmp_path):
 def test_learning_rates_per_group_when_they_differ(tmp_path):
     runner = make_runner(tmp_path, max_epochs=1, log_interval=25)
     net = runner.unwrapped_model.net
-    runner.optimizer = torch.optim.SGD(
-        [{"params": net[0].parameters(), "lr": 0.1}, {"params": net[2].parameters(), "lr": 0.01}]
-    )
+    runner.optimizers = {
+        "main": torch.optim.SGD(
+            [
+                {"params": net[0].parameters(), "lr": 0.1},
+                {"params": net[2].parameters(), "lr": 0.01},
+            ]
+        )
+    }
     runner.train()
     records = read_jsonl(runner.work_dir / "log.jsonl")
     assert scalar_records(records, "train/lr/group0") == {25: 0.1}
@@ -124,7 +129,9 @@ def test_learning_rates_per_group_when_they_differ(tmp_path):
 
 def test_learning_rate_is_the_one_the_reported_iteration_trained_with(tmp_path):
     runner = make_runner(tmp_path, scheduler_interval="iter")
-    runner.scheduler = torch.optim.lr_scheduler.LambdaLR(runner.optimizer, lambda i: 1 / (i + 1))
+    runner.schedulers = {
+        "main": torch.optim.lr_scheduler.LambdaLR(runner.optimizer, lambda i: 1 / (i + 1))
+    }
     runner.train()  # iteration i (0-based) trains with 0.05 / (i + 1)
     records = read_jsonl(runner.work_dir / "log.jsonl")
     assert scalar_records(records, "train/lr") == pytest.approx({s: 0.05 / s for s in REPORTS})
