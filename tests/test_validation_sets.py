@@ -1,0 +1,153 @@
+"""Several named validation sets, validation every N iterations of an epoch run, and the
+debugging limits, through the Python API (the CLI's ``--smoke`` is tests/test_smoke.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hookrun import ConfigError, Runner, hookimpl
+from hookrun.testing import jsonl_series, load_checkpoint, toy_data, toy_runner_kwargs
+
+# -- several named sets --------------------------------------------------------------------
+
+
+def hand_metrics(model: nn.Module, loader: DataLoader) -> dict[str, float]:
+    """Loss and accuracy over every sample of ``loader``, computed without hookrun."""
+    x = torch.cat([b[0] for b in loader])
+    y = torch.cat([b[1] for b in loader])
+    with torch.no_grad():
+        out = model(x)
+    return {
+        "loss": nn.functional.cross_entropy(out, y).item(),
+        "accuracy": (out.argmax(1) == y).float().mean().item(),
+    }
+
+
+def test_two_named_sets_report_each_sets_metrics(tmp_path: Path) -> None:
+    sets = {
+        "id": toy_data(8, 4, shuffle=False, seed=1),
+        "ood": toy_data(6, 4, shuffle=False, seed=7),
+    }
+    seen: list[dict[str, float]] = []
+
+    class Seen:
+        @hookimpl
+        def after_val_epoch(self, metrics: dict[str, float]) -> None:
+            seen.append(dict(metrics))
+
+    kwargs = toy_runner_kwargs(tmp_path, val_dataloader=sets, hooks=[Seen()], writers=["jsonl"])
+    runner = Runner(**kwargs)
+    runner.train()
+    assert len(seen) == 2  # one validation per epoch, both sets in it
+    expected = {
+        f"{name}/{key}": value
+        for name, loader in sets.items()
+        for key, value in hand_metrics(runner.unwrapped_model, loader).items()
+    }
+    assert set(seen[-1]) == set(expected)
+    for key, value in expected.items():
+        assert seen[-1][key] == pytest.approx(value, abs=1e-6), key
+    assert runner.last_metrics["val"] == seen[-1]
+    assert runner.val() == pytest.approx(expected, abs=1e-6)
+    log = runner.work_dir / "log.jsonl"
+    for key, value in expected.items():
+        assert jsonl_series(log, f"val/{key}")[-1] == (6, pytest.approx(value, abs=1e-6))
+    assert jsonl_series(log, "val/accuracy") == []
+
+
+def test_one_loader_keeps_todays_names(make_toy_runner: Any) -> None:
+    runner = make_toy_runner()
+    runner.train()
+    assert set(runner.last_metrics["val"]) == {"loss", "accuracy"}
+
+
+def test_a_mapping_without_names_is_one_line(make_toy_runner: Any) -> None:
+    with pytest.raises(ConfigError, match=r"val_dataloader: a mapping of validation sets"):
+        make_toy_runner(val_dataloader={})
+    with pytest.raises(ConfigError, match=r"named by a non-empty string"):
+        make_toy_runner(val_dataloader={"": toy_data(4, 4)})
+
+
+class Scripted(nn.Module):
+    """Predicts class 1 for samples whose second feature exceeds a threshold the script sets
+    per epoch and per set (the first feature's sign tells the sets apart): accuracies
+    follow ``SCRIPT`` exactly, whatever the trained weights."""
+
+    SCRIPT = {"id": [0.8, -0.8, 0.0, 0.4], "ood": [0.8, 0.4, -0.8, 0.0]}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.register_buffer("epoch", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = int(self.epoch)
+        cut = torch.where(x[:, 0] > 0, self.SCRIPT["id"][e], self.SCRIPT["ood"][e])
+        score = x[:, 1] - cut
+        return torch.stack([-score, score], 1) + 0 * self.linear(x)
+
+
+class FollowEpoch:
+    @hookimpl
+    def before_val(self, runner: Any) -> None:
+        runner.unwrapped_model.epoch.fill_(runner.position.epoch)
+
+
+def scripted_sets() -> dict[str, DataLoader]:
+    second = torch.linspace(-1, 1, 11)
+    sets = {}
+    for name, sign in (("id", 1.0), ("ood", -1.0)):
+        x = torch.zeros(11, 4)
+        x[:, 0], x[:, 1] = sign, second
+        sets[name] = DataLoader(TensorDataset(x, torch.ones(11, dtype=torch.long)), batch_size=4)
+    return sets
+
+
+def scripted_runner(tmp_path: Path, plugins: dict[str, Any]) -> Runner:
+    model = Scripted()
+    return Runner(
+        **toy_runner_kwargs(
+            tmp_path,
+            model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            val_dataloader=scripted_sets(),
+            max_epochs=4,
+            hooks=[FollowEpoch()],
+            plugins=plugins,
+        )
+    )
+
+
+def test_save_best_keeps_the_epoch_best_on_the_named_set(tmp_path: Path) -> None:
+    accuracies = {
+        name: [((torch.linspace(-1, 1, 11) > cut).float().mean().item()) for cut in cuts]
+        for name, cuts in Scripted.SCRIPT.items()
+    }
+    best = {name: max(range(4), key=values.__getitem__) for name, values in accuracies.items()}
+    assert best["id"] != best["ood"]  # the script makes the sets disagree
+    runner = scripted_runner(
+        tmp_path, {"checkpoint": {"save_best": ["ood/accuracy", "id/accuracy"]}}
+    )
+    runner.train()
+    for name in ("id", "ood"):
+        saved = load_checkpoint(runner.checkpoint_dir / f"best_{name}_accuracy.pt")
+        assert saved["loop"]["epoch"] == best[name], name
+        record = runner.plugins["checkpoint"].best[f"{name}/accuracy"]
+        assert record["score"] == pytest.approx(accuracies[name][best[name]])
+
+
+def test_early_stopping_watches_a_named_set(tmp_path: Path) -> None:
+    runner = scripted_runner(
+        tmp_path, {"early_stopping": {"monitor": "ood/accuracy", "patience": 1}}
+    )
+    runner.train()
+    # ood's accuracy rises through the 3rd epoch and falls in the 4th: with patience 1 training
+    # stops after the 4th; id's falls in the 3rd, which would have stopped it one epoch early
+    assert runner.plugins["early_stopping"].stopped_epoch == 4
+    assert runner.last_metrics["val"]["ood/accuracy"] < runner.plugins["early_stopping"].best
