@@ -3,6 +3,7 @@ debugging limits, through the Python API (the CLI's ``--smoke`` is tests/test_sm
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,16 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hookrun import ConfigError, Runner, hookimpl
-from hookrun.testing import jsonl_series, load_checkpoint, toy_data, toy_runner_kwargs
+from hookrun.testing import (
+    RaiseAt,
+    assert_same_checkpoint,
+    jsonl_series,
+    load_checkpoint,
+    resume_job,
+    toy_data,
+    toy_runner_kwargs,
+    train_reference,
+)
 
 # -- several named sets --------------------------------------------------------------------
 
@@ -151,3 +161,66 @@ def test_early_stopping_watches_a_named_set(tmp_path: Path) -> None:
     # stops after the 4th; id's falls in the 3rd, which would have stopped it one epoch early
     assert runner.plugins["early_stopping"].stopped_epoch == 4
     assert runner.last_metrics["val"]["ood/accuracy"] < runner.plugins["early_stopping"].best
+
+
+# -- validation every N iterations of an epoch run -----------------------------------------
+
+
+class SaveAfterVal:
+    """Ad-hoc hook: records the iterations each validation followed and saves
+    ``val_iter_<n>.pt`` right after it (``after_val_epoch``)."""
+
+    def __init__(self) -> None:
+        self.iters: list[int] = []
+
+    @hookimpl
+    def after_val_epoch(self, runner: Any) -> None:
+        self.iters.append(runner.position.iter)
+        runner.save_checkpoint(runner.checkpoint_dir / f"val_iter_{runner.position.iter}.pt")
+
+
+def log_rows(work_dir: Path) -> list[dict[str, Any]]:
+    """The JSONL log's scalar rows without their wall-clock values (a config row is written
+    by each start of a run)."""
+    rows = [json.loads(line) for line in (work_dir / "log.jsonl").read_text().splitlines()]
+    drop = ("time", "train/eta", "train/time")
+    return [{k: v for k, v in r.items() if not k.startswith(drop)} for r in rows if "step" in r]
+
+
+def test_val_every_n_iters_validates_at_its_iterations_and_resumes_exactly(tmp_path: Path) -> None:
+    # 3 epochs of 7 batches: every 5 iterations, and once more after the 21st; none at epoch ends
+    recorder = SaveAfterVal()
+    reference = train_reference(
+        tmp_path / "reference", save_every=0, val_every_n_iters=5, hooks=[recorder]
+    )
+    assert recorder.iters == [5, 10, 15, 20, 21]
+    saved = load_checkpoint(tmp_path / "reference" / "checkpoints" / "val_iter_10.pt")
+    assert saved["loop"] == {
+        "epoch": 1,
+        "batch": 3,
+        "phase": "validated",
+        "iter": 10,
+        "optimizer_steps": {"main": 10},
+    }
+    crashed = tmp_path / "crashed"
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(RuntimeError, match="RaiseAt"):
+            resume_job(
+                crashed, save_every=0, val_every_n_iters=5, hooks=[SaveAfterVal(), RaiseAt(13)]
+            )
+        for name in ("val_iter_5.pt", "val_iter_10.pt"):  # resume from the one at iteration 10
+            assert (crashed / "checkpoints" / name).exists()
+        (crashed / "checkpoints" / "val_iter_5.pt").unlink()
+        resumed = SaveAfterVal()
+        resume_job(crashed, resume=True, save_every=0, val_every_n_iters=5, hooks=[resumed])
+    finally:
+        torch.set_num_threads(threads)
+    assert resumed.iters == [15, 20, 21]
+    assert_same_checkpoint(reference, crashed / "final.pt")
+    assert log_rows(crashed) == log_rows(tmp_path / "reference")
+
+
+def test_val_every_n_iters_is_for_epoch_runs(make_toy_runner: Any) -> None:
+    with pytest.raises(ConfigError, match=r"runner.val_every_n_iters: .*for epoch runs"):
+        make_toy_runner(max_epochs=None, max_iters=6, val_every_n_iters=2)
