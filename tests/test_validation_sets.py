@@ -84,6 +84,27 @@ def test_a_mapping_without_names_is_one_line(make_toy_runner: Any) -> None:
         make_toy_runner(val_dataloader={"": toy_data(4, 4)})
 
 
+def test_ema_evaluates_each_named_set(tmp_path: Path) -> None:
+    sets = {
+        "id": toy_data(8, 4, shuffle=False, seed=1),
+        "ood": toy_data(6, 4, shuffle=False, seed=7),
+    }
+    runner = Runner(
+        **toy_runner_kwargs(
+            tmp_path, val_dataloader=sets, plugins={"ema": {"decay": 0.5, "evaluate": "both"}}
+        )
+    )
+    runner.train()
+    metrics = runner.last_metrics["val"]
+    with runner.extra_models()["ema"]():
+        for name, loader in sets.items():
+            for key, value in hand_metrics(runner.unwrapped_model, loader).items():
+                assert metrics[f"ema/{name}/{key}"] == pytest.approx(value, abs=1e-6)
+    for name, loader in sets.items():  # the trained weights, back in place
+        for key, value in hand_metrics(runner.unwrapped_model, loader).items():
+            assert metrics[f"{name}/{key}"] == pytest.approx(value, abs=1e-6)
+
+
 class Scripted(nn.Module):
     """Predicts class 1 for samples whose second feature exceeds a threshold the script sets
     per epoch and per set (the first feature's sign tells the sets apart): accuracies
@@ -202,6 +223,7 @@ def test_val_every_n_iters_validates_at_its_iterations_and_resumes_exactly(tmp_p
         "iter": 10,
         "optimizer_steps": {"main": 10},
     }
+    assert saved["meta"]["epoch"] == 1  # epochs done: the second is under way
     crashed = tmp_path / "crashed"
     threads = torch.get_num_threads()
     try:
