@@ -78,7 +78,8 @@ class Runner:
         plugins: The active plugins by name (after selection and ``unused_hooks``).
         hooks: Every hook point's caller: ``runner.hooks.after_train_iter(runner=...)``.
         manager: The plugin manager that found, validated and ordered the plugins.
-        last_metrics: The latest metrics of each mode (``"val"``, ``"test"``).
+        last_metrics: The latest metrics of each mode (``"val"``, ``"test"``); with named sets
+            the names are ``<set>/<metric>``.
         optimizers: The optimizers by name (``"main"`` when one was given).
         schedulers: The schedulers by their optimizer's name.
         manual: Whether the model's ``training_step(batch, optim)`` steps the optimizers
