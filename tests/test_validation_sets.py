@@ -19,10 +19,14 @@ from hookrun.testing import (
     jsonl_series,
     load_checkpoint,
     resume_job,
+    run_ranks,
     toy_data,
     toy_runner_kwargs,
     train_reference,
 )
+from jobs import val_sets_job
+
+JOBS = Path(__file__).parent / "jobs"
 
 # -- several named sets --------------------------------------------------------------------
 
@@ -246,3 +250,14 @@ def test_val_every_n_iters_validates_at_its_iterations_and_resumes_exactly(tmp_p
 def test_val_every_n_iters_is_for_epoch_runs(make_toy_runner: Any) -> None:
     with pytest.raises(ConfigError, match=r"runner.val_every_n_iters: .*for epoch runs"):
         make_toy_runner(max_epochs=None, max_iters=6, val_every_n_iters=2)
+
+
+def test_named_sets_on_two_ranks_count_each_sample_once(tmp_path: Path) -> None:
+    outputs = run_ranks(JOBS / "val_sets_job.py", tmp_path / "run", path=[JOBS])
+    assert "iterations 4" in outputs[0]  # 2 epochs of 2 batches per rank
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    model = nn.Linear(4, 2)
+    model.load_state_dict(torch.load(tmp_path / "run" / "model.pt", weights_only=True))
+    for name, loader in val_sets_job.sets().items():
+        for key, value in hand_metrics(model, loader).items():
+            assert metrics[f"{name}/{key}"] == pytest.approx(value, abs=1e-6), (name, key)
