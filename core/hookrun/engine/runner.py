@@ -87,6 +87,9 @@ class Runner:
         optimizer_step: The step the training loop calls (AMP, accumulation, clipping); the
             ``optim`` a manual ``training_step`` receives.
         reporter: Reads ``scalars`` every ``log_interval`` iterations and writes them out.
+        val_every_n_iters: Validate every this many iterations of an epoch run (``None``: at
+            epoch ends); :attr:`validation_schedule` says when.
+        limits: ``(limit_train_batches, limit_val_batches)``, each ``None`` for all batches.
     """
 
     def __init__(
