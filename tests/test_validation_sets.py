@@ -19,6 +19,7 @@ from hookrun.testing import (
     jsonl_series,
     load_checkpoint,
     resume_job,
+    run_cli,
     run_ranks,
     toy_data,
     toy_runner_kwargs,
@@ -261,3 +262,45 @@ def test_named_sets_on_two_ranks_count_each_sample_once(tmp_path: Path) -> None:
     for name, loader in val_sets_job.sets().items():
         for key, value in hand_metrics(model, loader).items():
             assert metrics[f"{name}/{key}"] == pytest.approx(value, abs=1e-6), (name, key)
+
+
+SETS_TASK = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def build():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(24, 4, generator=g), torch.randint(0, 2, (24,), generator=g)
+    model = nn.Linear(4, 2)
+    return {
+        "model": model,
+        "train_dataloader": DataLoader(TensorDataset(x[:16], y[:16]), batch_size=4),
+        "val_dataloader": {
+            "id": DataLoader(TensorDataset(x[:8], y[:8]), batch_size=4),
+            "ood": DataLoader(TensorDataset(x[16:], y[16:]), batch_size=4),
+        },
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "criterion": nn.CrossEntropyLoss(),
+        "metrics": {"accuracy": lambda out, y: (out.argmax(1) == y).float().mean()},
+    }
+"""
+
+
+def test_a_task_returns_named_sets_and_the_config_watches_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "setstask.py").write_text(SETS_TASK)
+    config = tmp_path / "sets.yaml"
+    config.write_text(
+        "task: setstask.py:build\n"
+        "runner: {max_epochs: 2, device: cpu, writers: [jsonl]}\n"
+        "plugins: {checkpoint: {save_best: ood/accuracy}, logger: false, timer: false}\n"
+    )
+    code, out, err = run_cli(capsys, "train", config, "--work-dir", tmp_path / "run")
+    assert code == 0, err
+    log = tmp_path / "run" / "log.jsonl"
+    assert [step for step, _ in jsonl_series(log, "val/ood/accuracy")] == [4, 8]
+    assert [step for step, _ in jsonl_series(log, "val/id/loss")] == [4, 8]
+    assert (tmp_path / "run" / "checkpoints" / "best_ood_accuracy.pt").exists()
