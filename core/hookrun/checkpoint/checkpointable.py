@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from torch import nn
 
-    from hookrun.engine.position import LoopPosition
+    from hookrun.engine.position import LoopPosition, ValidationSchedule
 
 
 class Checkpointable(Protocol):
@@ -63,6 +63,10 @@ class Checkpointable(Protocol):
 
     @property
     def max_iters(self) -> int: ...
+
+    @property
+    def validation_schedule(self) -> ValidationSchedule:
+        """``by_epoch``: whether a validated position closes its epoch (no validation mid-epoch)."""
 
     @property
     def train_loader(self) -> Any:

@@ -70,7 +70,8 @@ def fit_problems(runner: Checkpointable, checkpoint: Mapping[str, Any], resume: 
     problems += _rng_problems(checkpoint, runner.rank, runner.world_size)
     loader = runner.train_loader
     per_epoch = len(loader) if loader is not None else None
-    problems += _loop_problems(checkpoint, per_epoch, runner.by_epoch, runner.world_size)
+    by_epoch = runner.validation_schedule.by_epoch  # validated closes the epoch
+    problems += _loop_problems(checkpoint, per_epoch, by_epoch, runner.world_size)
     return problems
 
 

@@ -43,7 +43,7 @@ def collect(runner: Checkpointable, save_optimizer: bool = True) -> dict[str, An
         "format": ckpt_io.FORMAT,
         "meta": {
             "hookrun_version": _version(),
-            "epoch": pos.epoch + int(pos.epoch_closed(runner.by_epoch)),
+            "epoch": pos.epoch + int(pos.epoch_closed(runner.validation_schedule.by_epoch)),
             "iter": pos.iter,
             "time": time.time(),
             "world_size": runner.world_size,

@@ -11,7 +11,7 @@ rank 0 prints the run's output; every rank prints its own errors, prefixed ``[ra
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,12 +114,19 @@ work_dir_option = click.option(
 )
 @work_dir_option
 @click.option("-v", "--verbose", is_flag=True, help="Print which plugin serves which hook point.")
+@click.option(
+    "--smoke",
+    is_flag=True,
+    help="Check the config's whole path in seconds: one epoch of 2 batches, 2 batches of each "
+    "validation and test set, the config's plugins, in a temporary work dir removed afterwards.",
+)
 def train(
     config: Path,
     overrides: Sequence[str],
     resume: str | None,
     work_dir: Path | None,
     verbose: bool,
+    smoke: bool,
 ) -> None:
     """Train the task of CONFIG, then test it when the task has a test_dataloader.
 
@@ -128,6 +135,31 @@ def train(
     ever overwritten; one whose run never completed an iteration is started over. With
     --resume auto, a run that is already finished is left as it is.
     """
+    if not smoke:
+        _train(config, overrides, resume, work_dir, verbose)
+        return
+    from hookrun.cli import smoke as smoke_run
+
+    for option, value in (("--resume", resume), ("--work-dir", work_dir)):
+        if value is not None:
+            raise HookrunError(
+                f"--smoke: a smoke run starts afresh in a temporary work dir; leave out {option}"
+            )
+    with smoke_run.temporary_work_dir(rank() == 0) as folder:
+        _train(config, overrides, None, folder, verbose, smoke_run.RUNNER)
+    _notice(f"smoke run passed; its work dir {folder} is removed")
+
+
+def _train(
+    config: Path,
+    overrides: Sequence[str],
+    resume: str | None,
+    work_dir: Path | None,
+    verbose: bool,
+    runner_arguments: Mapping[str, Any] | None = None,
+) -> None:
+    """``hookrun train`` (:func:`train`) into ``work_dir`` (None: the config's), with
+    ``runner_arguments`` replacing the config's (``--smoke``)."""
     from hookrun.checkpoint import state as run_state
     from hookrun.cli import prepare as launch
     from hookrun.distributed import collectives, process_group
@@ -141,7 +173,7 @@ def train(
         if resume is None:  # refused before the task is built
             launch.check_fresh_work_dir(loaded)
         _notice(f"building task {loaded.data['task']} ...")  # importing torch takes seconds
-        runner = launch.build_runner(loaded)
+        runner = launch.build_runner(loaded, runner_arguments=runner_arguments)
         finished = run_state.finished_position(runner) if resume == "auto" else None
         if finished is not None:
             last = runner.max_iters

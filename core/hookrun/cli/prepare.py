@@ -66,9 +66,14 @@ def check_fresh_work_dir(loaded: LoadedConfig) -> None:
     check_unused(loaded.work_dir, checkpoint_dirs(loaded.work_dir, plugins))
 
 
-def build_runner(loaded: LoadedConfig, training: bool = True) -> Any:
+def build_runner(
+    loaded: LoadedConfig,
+    training: bool = True,
+    runner_arguments: Mapping[str, Any] | None = None,
+) -> Any:
     """Seed, build the task's objects (:func:`hookrun.cli.build.build_task`), construct the Runner
-    (which joins the launch's process group unless :func:`load_everywhere` did)."""
+    (which joins the launch's process group unless :func:`load_everywhere` did) with the
+    config's runner arguments, ``runner_arguments`` replacing some (``--smoke``)."""
     from hookrun.cli.build import build_task
     from hookrun.distributed.process_group import errors_agreed
     from hookrun.engine.runner import Runner
@@ -78,7 +83,7 @@ def build_runner(loaded: LoadedConfig, training: bool = True) -> Any:
     hooks = objects.pop("hooks", None) or ()
     return Runner(
         **objects,
-        **loaded.runner,
+        **{**loaded.runner, **(runner_arguments or {})},
         plugins=loaded.data["plugins"],
         hooks=hooks,
         config=loaded.resolved(),

@@ -165,6 +165,27 @@ class RunnerArguments(BaseModel):
         description="Validate every this many epochs (iterations with max_iters), and "
         "always at the end.",
     )
+    val_every_n_iters: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_INT,
+        description="In epoch runs, validate every this many iterations (counted over the run) "
+        "instead of at epoch ends, and once more after the last iteration when that is not a "
+        "multiple (`null`: at epoch ends, every val_interval epochs).",
+    )
+    limit_train_batches: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_INT,
+        description="Train on at most this many batches per epoch (`null`: all); for debugging.",
+    )
+    limit_val_batches: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_INT,
+        description="Evaluate at most this many batches of each validation or test set "
+        "(`null`: all); for debugging.",
+    )
     work_dir: str = Field(
         "runs/exp",
         description="Folder for logs, TensorBoard events, checkpoints and the "
@@ -285,6 +306,13 @@ class RunnerArguments(BaseModel):
     def _epochs_or_iters(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and info.data.get("max_epochs") is not None:
             raise ValueError("give max_epochs or max_iters, not both")
+        return value
+
+    @field_validator("val_every_n_iters")
+    @classmethod
+    def _epoch_runs_only(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("max_iters") is not None:
+            raise ValueError("for epoch runs; with max_iters validation follows val_interval")
         return value
 
     @property

@@ -158,6 +158,8 @@ def last_batch(loader: Any, epoch: int) -> tuple[bool, bool]:
     size, drop = batch_sampler.batch_size, batch_sampler.drop_last
     longest = sampler.batches(0, epoch, size, drop)
     shortest = sampler.batches(sampler.world - 1, epoch, size, drop)
+    if getattr(loader, "limit", longest) <= shortest:  # limit_train_batches: all ranks alike
+        return False, False
     return shortest < longest, sampler.batches(sampler.rank, epoch, size, drop) < longest
 
 

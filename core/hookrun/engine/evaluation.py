@@ -1,16 +1,24 @@
 """Evaluation: one pass over a loader in eval mode, metrics averaged over every sample of
 every rank, with the ``*_{mode}*`` hook points (validation inside training, ``val()``,
-``test()``) or without them (``runner.evaluate`` for plugins)."""
+``test()``) or without them (``runner.evaluate`` for plugins).
+
+Several named sets (a mapping of names to loaders) are one validation: the hook points fire
+once around all of them, each set's pass in the mapping's order, and the metrics are
+``<name>/<metric>`` (written as ``val/<name>/<metric>``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from hookrun.data.limits import limited
+from hookrun.data.loaders import make_loader
+from hookrun.data.sharding import eval_sampler
 from hookrun.distributed import fsdp, process_group
 from hookrun.engine.steps import MetricMeans, batch_size, evaluation_values, to_device
+from hookrun.errors import ConfigError
 
 
 def evaluate(runner: Any, loader: Any, mode: str, hooks: bool) -> dict[str, float]:
@@ -44,7 +52,7 @@ def evaluate_or_stop(
             getattr(points, f"before_{mode}")(runner=runner)
             getattr(points, f"before_{mode}_epoch")(runner=runner)
         process_group.broadcast_buffers(model)  # the weights evaluated, an EMA's swapped in too
-        metrics = _pass(runner, loader, mode, points, stoppable=stoppable)
+        metrics = _sets_pass(runner, loader, mode, points, stoppable=stoppable)
         if metrics is not None and done is not None:
             done()
         if points is not None:
@@ -55,6 +63,43 @@ def evaluate_or_stop(
             getattr(points, f"after_{mode}")(runner=runner)
     finally:
         model.train(was_training)
+    return metrics
+
+
+def evaluation_loaders(loader: Any, name: str, runner: Any) -> Any:
+    """An evaluation loader as the passes use it (this rank's share, ``limit_val_batches``),
+    or a dict of them by name for a mapping of named sets."""
+    if not isinstance(loader, Mapping):
+        return _evaluation_loader(loader, name, runner)
+    if not loader or not all(isinstance(key, str) and key for key in loader):
+        raise ConfigError(
+            f"{name}: a mapping of validation sets needs at least one set, each named by a "
+            f"non-empty string (got {list(loader)!r})"
+        )
+    return {
+        key: _evaluation_loader(value, f"{name}[{key!r}]", runner) for key, value in loader.items()
+    }
+
+
+def _evaluation_loader(loader: Any, name: str, runner: Any) -> Any:
+    sampler = eval_sampler(loader, name, runner.seed, runner.rank, runner.world_size)
+    wrapped = make_loader(loader, runner.seed, sampler, runner.stop_signals.numbers)
+    return limited(wrapped, runner.limits[1])
+
+
+def _sets_pass(
+    runner: Any, loaders: Any, mode: str, points: Any, stoppable: bool
+) -> dict[str, float] | None:
+    """:func:`_pass` over one loader, or over each named set with ``<name>/`` before its
+    metrics; None when a stop signal ended a pass."""
+    if not isinstance(loaders, dict):
+        return _pass(runner, loaders, mode, points, stoppable)
+    metrics: dict[str, float] = {}
+    for name, loader in loaders.items():
+        found = _pass(runner, loader, mode, points, stoppable)
+        if found is None:
+            return None
+        metrics.update({f"{name}/{key}": value for key, value in found.items()})
     return metrics
 
 

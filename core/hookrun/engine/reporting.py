@@ -101,7 +101,7 @@ def remaining_validations(runner: Any, done: int) -> int:
     """Validations still to run after ``done`` completed iterations. Reports happen inside an
     epoch, so in an epoch-based run ``position.epoch`` epochs are complete."""
     schedule: ValidationSchedule = runner.validation_schedule
-    return schedule.remaining(runner.position.epoch if runner.by_epoch else done)
+    return schedule.remaining(runner.position.epoch if schedule.by_epoch else done)
 
 
 def lr_scalars(lrs: Mapping[str, list[float]]) -> dict[str, float]:

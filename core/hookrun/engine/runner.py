@@ -20,13 +20,14 @@ from torch import nn
 from hookrun.checkpoint import files as ckpt_io
 from hookrun.checkpoint import state as run_state
 from hookrun.config.arguments import check_arguments, device_feature_errors, resolve_device
+from hookrun.data.limits import limited
 from hookrun.data.loaders import make_loader, seed_all
-from hookrun.data.sharding import eval_sampler, train_sampler
+from hookrun.data.sharding import train_sampler
 from hookrun.distributed import collectives, process_group
 from hookrun.distributed.fsdp import shard_model
 from hookrun.engine import workdir
 from hookrun.engine.clock import IterationClock
-from hookrun.engine.evaluation import evaluate
+from hookrun.engine.evaluation import evaluate, evaluation_loaders
 from hookrun.engine.optimizer_step import OptimizerStep, named_optimizers
 from hookrun.engine.position import DEFAULT_MAX_EPOCHS, LoopPosition, ValidationSchedule
 from hookrun.engine.reporting import Reporter
@@ -77,7 +78,8 @@ class Runner:
         plugins: The active plugins by name (after selection and ``unused_hooks``).
         hooks: Every hook point's caller: ``runner.hooks.after_train_iter(runner=...)``.
         manager: The plugin manager that found, validated and ordered the plugins.
-        last_metrics: The latest metrics of each mode (``"val"``, ``"test"``).
+        last_metrics: The latest metrics of each mode (``"val"``, ``"test"``); with named sets
+            the names are ``<set>/<metric>``.
         optimizers: The optimizers by name (``"main"`` when one was given).
         schedulers: The schedulers by their optimizer's name.
         manual: Whether the model's ``training_step(batch, optim)`` steps the optimizers
@@ -85,6 +87,9 @@ class Runner:
         optimizer_step: The step the training loop calls (AMP, accumulation, clipping); the
             ``optim`` a manual ``training_step`` receives.
         reporter: Reads ``scalars`` every ``log_interval`` iterations and writes them out.
+        val_every_n_iters: Validate every this many iterations of an epoch run (``None``: at
+            epoch ends); :attr:`validation_schedule` says when.
+        limits: ``(limit_train_batches, limit_val_batches)``, each ``None`` for all batches.
     """
 
     def __init__(
@@ -100,6 +105,9 @@ class Runner:
         max_epochs: int | None = None,
         max_iters: int | None = None,
         val_interval: int = 1,
+        val_every_n_iters: int | None = None,
+        limit_train_batches: int | None = None,
+        limit_val_batches: int | None = None,
         work_dir: str | Path = "runs/exp",
         plugins: Mapping[str, Any] | None = None,
         hooks: Iterable[object] = (),
@@ -124,6 +132,9 @@ class Runner:
             max_epochs=max_epochs,
             max_iters=max_iters,
             val_interval=val_interval,
+            val_every_n_iters=val_every_n_iters,
+            limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches,
             work_dir=work_dir,
             seed=seed,
             device=device,
@@ -160,6 +171,7 @@ class Runner:
             errors = device_feature_errors(amp, sync_bn, strategy, self.device)
             if errors:
                 raise ConfigError(errors)
+            self.limits = (limit_train_batches, limit_val_batches)
             self._loaders = self._wrap_loaders(train_dataloader, val_dataloader, test_dataloader)
         if sync_bn and self.world_size > 1:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -180,6 +192,7 @@ class Runner:
         self._max_iters = max_iters
         self.by_epoch = max_iters is None
         self.val_interval = val_interval
+        self.val_every_n_iters = val_every_n_iters
         self.work_dir = Path(args.work_dir)  # `~` expanded, as in a config file
         self.amp = amp
         self.scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
@@ -231,9 +244,9 @@ class Runner:
                 quiet,
             )
         }
+        loaders["train"] = limited(loaders["train"], self.limits[0])
         for mode, loader in (("val", val), ("test", test)):
-            sampler = eval_sampler(loader, f"{mode}_dataloader", *where)
-            loaders[mode] = make_loader(loader, self.seed, sampler, quiet)
+            loaders[mode] = evaluation_loaders(loader, f"{mode}_dataloader", self)
         return loaders
 
     # -- counters and helpers ------------------------------------------------------------
@@ -267,7 +280,7 @@ class Runner:
     def epoch(self) -> int:
         """The running epoch (0-based); once its training is over, the epochs done."""
         pos = self.position
-        closed = pos.epoch_closed(self.by_epoch) and not pos.epoch_ending
+        closed = pos.epoch_closed(self.validation_schedule.by_epoch) and not pos.epoch_ending
         return pos.epoch + 1 if closed else pos.epoch
 
     @property
@@ -278,8 +291,10 @@ class Runner:
 
     @property
     def validation_schedule(self) -> ValidationSchedule:
-        last = self.max_epochs if self.by_epoch else self.max_iters
         has_val = self._loaders["val"] is not None
+        if self.val_every_n_iters is not None:  # an epoch run validating by iterations
+            return ValidationSchedule(False, self.val_every_n_iters, self.max_iters, has_val)
+        last = self.max_epochs if self.by_epoch else self.max_iters
         return ValidationSchedule(self.by_epoch, self.val_interval, last or 0, has_val)
 
     @property
@@ -398,9 +413,10 @@ class Runner:
                     self.info(line)
                 self._train(resume)
         finally:
-            for loader in self._loaders.values():
-                if loader is not None:
-                    loader.close()  # persistent workers that ignore stop signals
+            for loaders in self._loaders.values():
+                for loader in loaders.values() if isinstance(loaders, dict) else [loaders]:
+                    if loader is not None:
+                        loader.close()  # persistent workers that ignore stop signals
             stop.restore()
         stop.redeliver()  # after every after_run and the writers' close
 
@@ -423,11 +439,12 @@ class Runner:
         """Evaluate on ``test_dataloader`` with the current weights."""
         return self._evaluate_alone("test")
 
-    def evaluate(self, dataloader: Iterable[Any], mode: str = "val") -> dict[str, float]:
-        """Metrics of ``dataloader`` without calling any hook (for plugins that need a pass)."""
-        sampler = eval_sampler(dataloader, "dataloader", self.seed, self.rank, self.world_size)
-        loader = make_loader(dataloader, self.seed, sampler, self.stop_signals.numbers)
-        return evaluate(self, loader, mode, hooks=False)
+    def evaluate(
+        self, dataloader: Iterable[Any] | Mapping[str, Iterable[Any]], mode: str = "val"
+    ) -> dict[str, float]:
+        """Metrics of ``dataloader`` without calling any hook (for plugins that need a pass);
+        of a mapping of named sets, ``<name>/<metric>`` as validation reports them."""
+        return evaluate(self, evaluation_loaders(dataloader, "dataloader", self), mode, hooks=False)
 
     # -- checkpoints ---------------------------------------------------------------------
 

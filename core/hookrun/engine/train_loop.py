@@ -43,7 +43,7 @@ class TrainLoop:
         if per_epoch == 0:
             raise ConfigError("train_dataloader: yields no batches")
         pos: LoopPosition = runner.position
-        by_epoch = runner.by_epoch
+        by_epoch = runner.validation_schedule.by_epoch  # validates at epoch ends
         # a save at a group's end, taken before the validation due there (a stop signal's)
         pending_val = self.validation_waiting() and pos.closes_group
         runner.stop_training = False
@@ -69,7 +69,9 @@ class TrainLoop:
         runner, pos = self.runner, self.runner.position
         if runner.by_epoch:
             last = runner.max_epochs
-            return pos.epoch >= last or (pos.epoch + 1 == last and pos.phase is Phase.VALIDATED)
+            # validated by iterations, the last validation precedes the epoch's end
+            closed = Phase.VALIDATED if runner.validation_schedule.by_epoch else Phase.TRAINED
+            return pos.epoch >= last or (pos.epoch + 1 == last and pos.phase is closed)
         return pos.iter >= runner.max_iters and pos.phase is not Phase.TRAIN
 
     def validation_waiting(self) -> bool:
@@ -77,7 +79,7 @@ class TrainLoop:
         group, up to the position, and has not run: validation waits for the group's end,
         so the checkpoints taken with it (a best file) hold no partial gradients."""
         runner, pos = self.runner, self.runner.position
-        if runner.by_epoch or pos.phase is not Phase.TRAIN or pos.batch == 0:
+        if runner.validation_schedule.by_epoch or pos.phase is not Phase.TRAIN or pos.batch == 0:
             return False
         in_group = group_done(pos.batch, runner.grad_accum)
         return any(runner.validation_schedule.due(pos.iter - k) for k in range(in_group))
@@ -90,16 +92,18 @@ class TrainLoop:
         """After a whole epoch of an epoch-based run; also when a hook stopped training at
         the epoch's end (docs/hooks.md), not when it stopped mid-epoch."""
         runner, pos = self.runner, self.runner.position
-        if not runner.by_epoch or pos.phase is not Phase.TRAINED:
+        schedule = runner.validation_schedule
+        if not schedule.by_epoch or pos.phase is not Phase.TRAINED:
             return False
-        return runner.validation_schedule.due(pos.epoch + 1)
+        return schedule.due(pos.epoch + 1)
 
     def train_epoch(self, skip: int, per_epoch: int) -> None:
         runner, hooks, pos = self.runner, self.hooks, self.runner.position
         device = runner.device
         move = device.type != "cpu"  # loaders yield CPU tensors; moving them to CPU is a no-op
-        by_iters = not runner.by_epoch  # only iteration-based runs validate or end mid-epoch
         reporter, schedule = runner.reporter, runner.validation_schedule
+        # iteration-based runs and val_every_n_iters validate mid-epoch; only the former end there
+        by_iters = not schedule.by_epoch
         interval, last = reporter.interval, reporter.last
         step = TrainStep(runner, per_epoch)
         stop = self.stop

@@ -336,7 +336,9 @@ def after_val_epoch(runner: RunnerProtocol, metrics: dict[str, float]) -> None:
     """Fires with the validation metrics of the whole pass (averaged over samples and, under
     torch.distributed, over ranks).
 
-    Arguments: ``runner``; ``metrics``, a dict of metric name to float.
+    Arguments: ``runner``; ``metrics``, a dict of metric name to float; with several named
+    validation sets (``val_dataloader`` a mapping) one pass covers them all and the names
+    are ``<set>/<metric>`` (written as ``val/<set>/<metric>``).
     A hook may: add or rename entries of ``metrics`` in place (hooks with a higher
     priority run first and later ones see the change); save best checkpoints; set
     ``stop_training``.
