@@ -28,6 +28,7 @@ TEST_DEPS = [
     "numpy",
     "setuptools>=70",
     "pytorch-ignite>=0.5.5",  # the reference for early stopping and top-k checkpoints
+    "torchdata",  # StatefulDataLoader: the stateful loader the stream tests resume mid-epoch
 ]
 # the trackers' own libraries, to read their stores back in the writers' tests
 TRACKER_DEPS = ["mlflow-skinny", "dvclive", "wandb", "neptune"]

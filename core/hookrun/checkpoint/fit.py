@@ -69,7 +69,7 @@ def fit_problems(runner: Checkpointable, checkpoint: Mapping[str, Any], resume: 
         problems.append(f"plugins: {_kind(checkpoint['plugins'])}, not a dict")
     problems += _rng_problems(checkpoint, runner.rank, runner.world_size)
     loader = runner.train_loader
-    per_epoch = len(loader) if loader is not None else None
+    per_epoch = None if loader is None or loader.stream else loader.length
     by_epoch = runner.validation_schedule.by_epoch  # validated closes the epoch
     problems += _loop_problems(checkpoint, per_epoch, by_epoch, runner.world_size)
     return problems

@@ -21,6 +21,7 @@ from hookrun.checkpoint.checkpointable import Checkpointable
 from hookrun.checkpoint.fit import disagreement, fit_problems, non_finite, summary
 from hookrun.config.schedule import continue_schedule
 from hookrun.data.sharding import padding_note
+from hookrun.data.streams import StatefulLoader
 from hookrun.distributed import collectives, process_group
 from hookrun.engine import workdir
 from hookrun.engine.optimizer_step import SINGLE
@@ -66,6 +67,10 @@ def collect(runner: Checkpointable, save_optimizer: bool = True) -> dict[str, An
         state["scaler"] = runner.scaler.state_dict()
     if ranks is not None:
         state["rng_ranks"] = ranks
+    loader = runner.train_loader
+    if isinstance(loader, StatefulLoader):  # every rank's own position in its share
+        own = loader.state_dict()
+        state["loader"] = collectives.all_gather_object(own) if runner.world_size > 1 else [own]
     writers = writer_states(runner.writers)  # rank 0's trackers: their run ids, for resume
     if writers:
         state["writers"] = writers
@@ -107,10 +112,29 @@ def restore(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool) ->
     if len(ranks) != runner.world_size:
         runner.info(_continue_on_new_world(runner, len(ranks)) + "; rank 0's RNG streams used")
     ckpt_io.set_rng_state(ranks[runner.rank] if len(ranks) == runner.world_size else ranks[0])
+    _resume_loader(runner, checkpoint.get("loader"))
     runner.recount_position()
     for name, saved in checkpoint.get("schedulers", {}).items():
         if line := continue_schedule(runner, name, saved):
             runner.info(line)  # a longer run is a longer schedule
+
+
+def _resume_loader(runner: Checkpointable, saved: Any) -> None:
+    """Give a stateful train loader its rank's saved state, to continue from on its next
+    epoch (:mod:`hookrun.data.streams`). A stream without one cannot be skipped into: a
+    position inside its epoch restarts that epoch, and one line says so."""
+    pos, loader = runner.position, runner.train_loader
+    if isinstance(loader, StatefulLoader) and isinstance(saved, list):
+        if len(saved) == runner.world_size:  # else a new world's epoch: its sampling anew
+            loader.pending = saved[runner.rank]
+        return
+    if loader is None or not loader.stream or pos.phase is not Phase.TRAIN or pos.batch == 0:
+        return
+    runner.info(
+        f"train_dataloader: a stream without state_dict() cannot continue mid-epoch; epoch "
+        f"{pos.epoch + 1} starts again from its first batch ({pos.batch} batches are trained again)"
+    )
+    pos.batch = 0
 
 
 def _continue_on_new_world(runner: Checkpointable, saved: int) -> str:
@@ -194,7 +218,7 @@ def check_start(runner: Checkpointable, resume: str | Path | None) -> list[Path]
     continue the run. Returns the leftovers of a start that never completed an iteration
     (for :func:`hookrun.engine.workdir.start_over`). Changes nothing."""
     loader = runner.train_loader
-    if loader is not None and len(loader) == 0:
+    if loader is not None and loader.length == 0:
         raise ConfigError("train_dataloader: yields no batches")
     if resume is None:
         folders = [runner.work_dir / workdir.CHECKPOINTS, runner.checkpoint_dir]

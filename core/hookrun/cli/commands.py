@@ -177,8 +177,14 @@ def _train(
         finished = run_state.finished_position(runner) if resume == "auto" else None
         if finished is not None:
             last = runner.max_iters
-            beyond = f"of {last}" if finished.iter <= last else f"past the {last} asked for"
-            where = f"iteration {finished.iter} {beyond}"
+            beyond = (
+                ""
+                if last is None
+                else f" of {last}"
+                if finished.iter <= last
+                else f" past the {last} asked for"
+            )
+            where = f"iteration {finished.iter}{beyond}"
             echo(f"run in {out} is already finished ({where}); nothing to do")
             return
         with (

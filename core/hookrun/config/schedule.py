@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hookrun.engine.position import DEFAULT_MAX_EPOCHS, Phase, group_ends
-from hookrun.errors import HookrunError
+from hookrun.errors import ConfigError, HookrunError
 
 if TYPE_CHECKING:
     import torch
@@ -41,11 +41,20 @@ def compute(loaded: LoadedConfig) -> list[ScheduledIter]:
     """Build the task (model, loaders, optimizers, schedules) as ``hookrun train`` does and
     step its schedules through the whole run."""
     from hookrun.cli.build import build_task
+    from hookrun.data.streams import sized
     from hookrun.engine.optimizer_step import named_optimizers
 
     objects = build_task(loaded, training=True)
     runner = loaded.runner
-    batches = len(objects["train_dataloader"])
+    batches = sized(objects["train_dataloader"])
+    if batches is None:  # a stream: its epochs end when its iterator does
+        if not runner["max_iters"] or runner["scheduler_interval"] != "iter":
+            raise ConfigError(
+                f"runner: task {loaded.data['task']}'s train_dataloader is a stream (no "
+                "length), so the run's iterations are known only as it trains; give "
+                "runner.max_iters and scheduler_interval: iter to see its schedule"
+            )
+        batches = runner["max_iters"]
     max_iters = runner["max_iters"] or (runner["max_epochs"] or DEFAULT_MAX_EPOCHS) * batches
     optimizers, schedulers = named_optimizers(objects["optimizer"], objects.get("scheduler"))
     return list(
@@ -183,7 +192,7 @@ def steps_taken(runner: Any, name: str) -> int:
     ``runner.position``: its optimizer's steps (``position.optimizer_steps``) or the
     complete epochs."""
     pos, per_epoch = runner.position, runner._batches_per_epoch()
-    done = pos.batch >= per_epoch
+    done = pos.phase is not Phase.TRAIN if per_epoch is None else pos.batch >= per_epoch
     if runner.scheduler_interval == "epoch":
         return pos.epoch + int(done and pos.phase is not Phase.TRAIN)
     return int(pos.optimizer_steps.get(name, 0))

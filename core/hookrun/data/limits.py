@@ -23,6 +23,18 @@ class LimitedLoader:
     def __len__(self) -> int:
         return min(len(self.inner), self.limit)
 
+    @property
+    def length(self) -> int | None:
+        """Batches per epoch: the limit, or fewer when the wrapped loader has fewer; None for
+        a stream, whose epoch may end before the limit."""
+        inner = self.inner.length
+        return None if inner is None else min(inner, self.limit)
+
+    @length.setter
+    def length(self, batches: int) -> None:
+        """A stream's epoch length once its first (limited) epoch ended."""
+        self.inner.length = batches
+
     def epoch_iter(self, epoch: int, skip: int = 0) -> Iterator[Any]:
         return itertools.islice(self.inner.epoch_iter(epoch, skip), max(self.limit - skip, 0))
 

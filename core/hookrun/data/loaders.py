@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, get_worker_info
 
+from hookrun.data.streams import StatefulLoader, is_stateful, sized
+
 _MASK = (1 << 63) - 1
 
 _QUIET_ITERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -185,12 +187,20 @@ class ResumableLoader:
             **options,
         )
 
+    stream = False
+    """Its length is known: it is its batch sampler's."""
+
     @property
     def dataset(self) -> Any:
         return self.original.dataset
 
     def __len__(self) -> int:
         return len(self.batches.batch_sampler)  # type: ignore[arg-type]
+
+    @property
+    def length(self) -> int:
+        """Batches per epoch."""
+        return len(self)
 
     def epoch_iter(self, epoch: int, skip: int = 0) -> Iterator[Any]:
         self.batches.epoch = epoch
@@ -257,17 +267,28 @@ def _quiet_worker(
 
 
 class PlainLoader:
-    """Any other re-iterable of batches; resuming mid-epoch skips by iterating past batches."""
+    """Any other re-iterable of batches; resuming mid-epoch skips by iterating past batches.
+
+    A stream (no ``__len__``) ends its epoch when its iterator does; ``length`` is None
+    until the training loop has seen an epoch end (then that epoch's batches, for estimates:
+    the loop itself never relies on it). A stream is not skipped into: it restarts its epoch
+    (:func:`hookrun.checkpoint.state.restore` says so)."""
 
     def __init__(self, iterable: Iterable[Any]) -> None:
         self.original = iterable
         self.dataset = getattr(iterable, "dataset", None)
+        self.length = sized(iterable)
+        self.stream = self.length is None
 
     def __len__(self) -> int:
         return len(self.original)  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Nothing to end: the user's loader keeps its own workers."""
+
+    def continue_epoch(self, epoch: int, batches_done: int, saved_world: int) -> int | None:
+        """None: the iterable's sampling is its own, not hookrun's to deal out anew."""
+        return None
 
     def epoch_iter(self, epoch: int, skip: int = 0) -> Iterator[Any]:
         if hasattr(self.original, "set_epoch"):
@@ -280,10 +301,14 @@ def make_loader(
     seed: int,
     sampler: Sampler | None = None,
     quiet_signals: Sequence[int] = (),
-) -> ResumableLoader | PlainLoader | None:
-    """Wrap what the user passed; map-style ``DataLoader``s get exact resume."""
+    stateful: bool = False,
+) -> ResumableLoader | PlainLoader | StatefulLoader | None:
+    """Wrap what the user passed; map-style ``DataLoader``s get exact resume, and with
+    ``stateful`` (the train loader) a loader with its own ``state_dict`` resumes by it."""
     if loader is None:
         return None
+    if stateful and is_stateful(loader):
+        return StatefulLoader(loader)
     if (
         isinstance(loader, DataLoader)
         and loader.batch_size is not None

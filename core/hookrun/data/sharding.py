@@ -25,6 +25,7 @@ from typing import Any
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
 
 from hookrun.data.loaders import seed_epoch
+from hookrun.data.streams import is_stateful
 from hookrun.errors import ConfigError
 
 SHARDED_FLAG = "hookrun_already_sharded"
@@ -134,7 +135,17 @@ def train_sampler(
     the shares even by repeating samples, else a shorter share joins the epoch's last
     iteration. None when the loader keeps its sampling: a ``DistributedSampler`` of the
     user's, a loader declared :func:`already_sharded`, or one hookrun cannot shard in a
-    single process."""
+    single process; also a loader with its own state (:mod:`hookrun.data.streams`), which
+    hookrun does not rebuild: under torch.distributed it must be declared sharded."""
+    if is_stateful(loader):
+        if world > 1 and not _declared(loader):
+            raise ConfigError(
+                f"{name}: a {type(loader).__name__}, which resumes by its own state_dict, so "
+                f"hookrun does not rebuild it to split it across {world} ranks; give it a "
+                "DistributedSampler (map-style) or an IterableDataset that yields this rank's "
+                "share, and mark the loader with hookrun.already_sharded(loader)"
+            )
+        return None
     if not _shardable(loader, name, world):
         return None
     return ShardedSampler(loader.sampler, seed, rank, world, pad=pad, join=not pad)
@@ -183,10 +194,8 @@ def _sharded(loader: Any) -> ShardedSampler | None:
 def _shardable(loader: Any, name: str, world: int) -> bool:
     """Whether hookrun deals out ``loader``'s indices; under torch.distributed a loader it
     cannot shard, not declared :func:`already_sharded`, is a config error naming it."""
-    if loader is None or getattr(loader, SHARDED_FLAG, False):
+    if loader is None or _declared(loader):
         return False
-    if isinstance(loader, DataLoader) and isinstance(loader.sampler, DistributedSampler):
-        return False  # the user's own sharding
     why = _unshardable(loader)
     if why is None:
         return True
@@ -196,6 +205,14 @@ def _shardable(loader: Any, name: str, world: int) -> bool:
             "its share yourself and mark the loader with hookrun.already_sharded(loader)"
         )
     return False
+
+
+def _declared(loader: Any) -> bool:
+    """Whether ``loader`` yields this rank's share: declared :func:`already_sharded`, or a
+    ``DataLoader`` with a ``DistributedSampler`` of the user's."""
+    if getattr(loader, SHARDED_FLAG, False):
+        return True
+    return isinstance(loader, DataLoader) and isinstance(loader.sampler, DistributedSampler)
 
 
 def _unshardable(loader: Any) -> str | None:

@@ -16,9 +16,11 @@ DEFAULT_MAX_EPOCHS = 10
 :class:`~hookrun.Runner` and ``hookrun schedule`` of the same config agree on the length."""
 
 
-def group_ends(batches: int, per_epoch: int, grad_accum: int) -> bool:
+def group_ends(batches: int, per_epoch: int | None, grad_accum: int) -> bool:
     """Whether ``batches`` done in an epoch end an accumulation group: every
-    ``grad_accum``-th batch, and the epoch's last (a short group when it does not divide)."""
+    ``grad_accum``-th batch, and the epoch's last (a short group when it does not divide).
+    A stream's epoch (``per_epoch`` None) has no known last batch: the training loop steps
+    its short last group once its iterator has ended."""
     return batches % grad_accum == 0 or batches == per_epoch
 
 
@@ -112,9 +114,15 @@ class LoopPosition:
             optimizer_steps={str(k): int(v) for k, v in state.get("optimizer_steps", {}).items()},
         )
 
-    def recount(self, per_epoch: int, grad_accum: int, names: list[str], manual: bool) -> None:
+    def recount(
+        self, per_epoch: int | None, grad_accum: int, names: list[str], manual: bool
+    ) -> None:
         """Set the accumulation facts a restored position implies, with this run's epoch
-        length (as the schedule continues); manual optimization keeps the saved steps."""
+        length (as the schedule continues); manual optimization keeps the saved steps, and
+        so does a stream (``per_epoch`` None), whose epochs' lengths are not known."""
+        if per_epoch is None:  # a stream's epoch over: its last group has stepped
+            self.closes_group = self.batch % grad_accum == 0 or self.phase is not Phase.TRAIN
+            return
         batches = min(self.batch, per_epoch)
         self.closes_group = group_ends(batches, per_epoch, grad_accum)
         if not manual:

@@ -28,7 +28,9 @@ class Reporter:
         self.lrs: dict[str, list[float]] = {}  # the rates the reported iteration trained with
         # (clock, completed iterations, the clock's validation seconds) at the previous report
         self.mark = (0.0, 0, 0.0)
-        self.last = 0  # the run's last iteration, fixed when training starts
+        # the run's last iteration, fixed when training starts (None in an epoch run over a
+        # stream until its first epoch ended: no ETA until then)
+        self.last: int | None = 0
         self.group: Any = None  # a gloo group for the report points' all-reduce (CPU tensors)
 
     def start(self, done: int) -> None:
@@ -87,7 +89,7 @@ class Reporter:
         now, validating = time.perf_counter(), clock.val_seconds
         then, then_done, then_validating = self.mark
         self.mark = (now, done, validating)
-        if done <= then_done:
+        if done <= then_done or self.last is None:
             return None
         seconds = now - then - (validating - then_validating)
         eta = (self.last - done) * max(seconds, 0.0) / (done - then_done)

@@ -242,6 +242,7 @@ class Runner:
                 self.seed,
                 train_sampler(train, "train_dataloader", *where, pad=self.strategy == "fsdp"),
                 quiet,
+                stateful=True,
             )
         }
         loaders["train"] = limited(loaders["train"], self.limits[0])
@@ -303,11 +304,12 @@ class Runner:
         return list(self.manager.ordered)
 
     @property
-    def max_iters(self) -> int:
+    def max_iters(self) -> int | None:
+        """None in an epoch run over a stream whose first epoch has not ended yet."""
         if self._max_iters is not None:
             return self._max_iters
-        loader = self._loaders["train"]
-        return (self.max_epochs or 0) * (len(loader) if loader is not None else 0)
+        per_epoch = self._batches_per_epoch()
+        return None if per_epoch is None else (self.max_epochs or 0) * per_epoch
 
     @property
     def is_main(self) -> bool:
@@ -323,24 +325,31 @@ class Runner:
         if not self.by_epoch:
             return self.iter + 1 == self.max_iters
         # the last batch of the last epoch, not max_epochs * len(loader): an epoch continued
-        # on another number of ranks has another number of iterations
+        # on another number of ranks has another number of iterations; a stream's epoch
+        # has no last batch until its iterator has ended
+        loader = self._loaders["train"]
+        if loader is not None and loader.stream:
+            return False
         return self.is_last_epoch() and self.inner_iter + 1 == self._batches_per_epoch()
 
     def is_last_epoch(self) -> bool:
         if self.by_epoch:
             return self.epoch + 1 == self.max_epochs
-        return self.epoch + 1 == -(-self.max_iters // self._batches_per_epoch())
+        per_epoch = self._batches_per_epoch()
+        return per_epoch is not None and self.epoch + 1 == -(-(self.max_iters or 0) // per_epoch)
 
     def recount_position(self) -> None:
-        """Set the accumulation facts of a restored position with this run's epoch length."""
-        self.position.recount(
-            self._batches_per_epoch(), self.grad_accum, list(self.optimizers), self.manual
-        )
-
-    def _batches_per_epoch(self) -> int:
-        """The train loader's length (1 without a loader: the epoch arithmetic's divisor)."""
+        """Set the accumulation facts of a restored position with this run's epoch length
+        (none for a stream: its epoch ends when its iterator does)."""
         loader = self._loaders["train"]
-        return len(loader) if loader is not None else 1
+        per_epoch = None if loader is not None and loader.stream else self._batches_per_epoch()
+        self.position.recount(per_epoch, self.grad_accum, list(self.optimizers), self.manual)
+
+    def _batches_per_epoch(self) -> int | None:
+        """The train loader's length (1 without a loader: the epoch arithmetic's divisor);
+        a stream's is None until its first epoch ended."""
+        loader = self._loaders["train"]
+        return loader.length if loader is not None else 1
 
     def info(self, message: str) -> None:
         """A one-line notice on rank 0's console."""

@@ -21,7 +21,7 @@ from torch.distributed.algorithms.join import Join
 from hookrun.data.sharding import last_batch
 from hookrun.distributed import process_group
 from hookrun.engine.evaluation import evaluate_or_stop
-from hookrun.engine.optimizer_step import SINGLE, TailJoin
+from hookrun.engine.optimizer_step import SINGLE, TailJoin, average_gradients
 from hookrun.engine.position import LoopPosition, Phase, group_done, group_ends
 from hookrun.engine.steps import batch_size, step_outputs, to_device, training_losses
 from hookrun.errors import ConfigError
@@ -39,9 +39,14 @@ class TrainLoop:
 
     def run(self) -> None:
         runner, loader = self.runner, self.loader
-        per_epoch = len(loader)
+        per_epoch = None if loader.stream else loader.length  # a stream's epoch ends with it
         if per_epoch == 0:
             raise ConfigError("train_dataloader: yields no batches")
+        if per_epoch is None and runner.grad_accum > 1 and runner.strategy == "fsdp":
+            raise ConfigError(  # FSDP's reduction of the group's last batch was skipped
+                "runner.grad_accum: under FSDP a stream's epoch cannot end inside an "
+                "accumulation group; use grad_accum 1, strategy ddp, or a loader with a length"
+            )
         pos: LoopPosition = runner.position
         by_epoch = runner.validation_schedule.by_epoch  # validates at epoch ends
         # a save at a group's end, taken before the validation due there (a stop signal's)
@@ -53,11 +58,13 @@ class TrainLoop:
                 if pending_val:
                     self.validate()
                     pending_val = False
-                if pos.batch < per_epoch and not runner.stop_training and not self.iters_done():
+                ended = False  # a stream's iterator ended: its epoch is complete
+                more = per_epoch is None or pos.batch < per_epoch
+                if more and not runner.stop_training and not self.iters_done():
                     runner.unwrapped_model.train()
                     self.hooks.before_train_epoch(runner=runner)
-                    self.train_epoch(pos.batch, per_epoch)
-                self.end_epoch(per_epoch)
+                    ended = self.train_epoch(pos.batch, per_epoch)
+                self.end_epoch(per_epoch, ended)
             if self.stop.agreed is None and self.epoch_validation_due():
                 self.validate()
             if runner.stop_training or self.iters_done() or self.stopping():
@@ -97,7 +104,9 @@ class TrainLoop:
             return False
         return schedule.due(pos.epoch + 1)
 
-    def train_epoch(self, skip: int, per_epoch: int) -> None:
+    def train_epoch(self, skip: int, per_epoch: int | None) -> bool:
+        """Train the epoch's batches after the first ``skip``; True when the iterator ended
+        (not a stop, nor the run's last iteration)."""
         runner, hooks, pos = self.runner, self.hooks, self.runner.position
         device = runner.device
         move = device.type != "cpu"  # loaders yield CPU tensors; moving them to CPU is a no-op
@@ -118,6 +127,7 @@ class TrainLoop:
         mark = since = now()  # the previous iteration's end; the end of its hooks
         batches: Iterable[Any] = self.loader.epoch_iter(pos.epoch, skip)
         step.uneven, short = last_batch(self.loader, pos.epoch)
+        report = True  # nothing of this epoch to report when its iterator is already over
         if short:  # this rank's share ends a batch early: it joins the last iteration
             batches = itertools.chain(batches, [None])  # without a batch
         for batch_idx, batch in enumerate(batches, start=skip):
@@ -164,12 +174,42 @@ class TrainLoop:
                 mark, since = mark + paused, since + paused
             if ending or runner.stop_training:
                 break
+        else:
+            if per_epoch is None:  # a stream: its epoch's end is known only now
+                halt = stop.agreed is not None
+                self.end_stream_epoch(step, report, val_due and not halt)
+            self.stopping()
+            return True
         self.stopping()
+        return False
 
-    def end_epoch(self, per_epoch: int) -> None:
-        """Close an epoch; one cut short by ``stop_training`` stays resumable mid-epoch."""
+    def end_stream_epoch(self, step: TrainStep, reported: bool, val_due: bool) -> None:
+        """A stream's iterator ended: its last, short accumulation group steps now (after
+        its last ``after_train_iter``, before ``after_train_epoch``), the epoch's last
+        iteration is reported if it was not, and a validation that waited for the group's
+        end runs."""
         runner, pos = self.runner, self.runner.position
-        complete = pos.batch >= per_epoch
+        if pos.batch == 0:
+            return
+        if not reported:  # the rates the last iteration's group steps with
+            runner.reporter.keep_lrs()
+        if not pos.closes_group:
+            step.close_group()
+        if not reported:
+            if runner.world_size > 1:
+                runner.reporter.agree_ranks()
+            runner.reporter.report(pos.iter)
+        if val_due:
+            self.validate()
+
+    def end_epoch(self, per_epoch: int | None, ended: bool) -> None:
+        """Close an epoch; one cut short by ``stop_training`` stays resumable mid-epoch. A
+        stream's first complete epoch gives its length (for the ETA and totals)."""
+        runner, pos = self.runner, self.runner.position
+        complete = ended if per_epoch is None else pos.batch >= per_epoch
+        if complete and per_epoch is None and self.loader.length is None:
+            self.loader.length = pos.batch
+            runner.reporter.last = runner.max_iters
         if complete and runner.scheduler_interval == "epoch":
             for scheduler in runner.schedulers.values():
                 scheduler.step()
@@ -226,7 +266,7 @@ class TrainStep:
     boundary, the optimizer steps, or the model's own ``training_step(batch, optim)``; then
     the position advances and the losses are stored."""
 
-    def __init__(self, runner: Any, per_epoch: int) -> None:
+    def __init__(self, runner: Any, per_epoch: int | None) -> None:
         self.runner = runner
         self.per_epoch = per_epoch
         self.optim = optim = runner.optimizer_step
@@ -284,6 +324,19 @@ class TrainStep:
         outputs = {name: _detached(value) for name, value in losses.items()}
         runner.scalars.update(outputs, prefix="train/")
         return outputs
+
+    def close_group(self) -> None:
+        """Step a stream's last, short accumulation group once its iterator ended (its last
+        batch was not known as such); under DDP its gradients, accumulated without DDP's
+        reduction, are averaged over the ranks first, as DDP would have at a boundary."""
+        runner, pos = self.runner, self.runner.position
+        if runner.world_size > 1:
+            for optimizer in self.optim.optimizers.values():
+                average_gradients(p for group in optimizer.param_groups for p in group["params"])
+        pos.stepping = True
+        self.optim.step()
+        pos.stepping = False
+        pos.closes_group = True
 
     def manual_step(self, batch: Any) -> dict[str, Any]:
         """The model's ``training_step(batch, optim)``: it calls ``optim.backward`` and

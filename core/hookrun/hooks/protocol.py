@@ -52,8 +52,10 @@ class RunnerProtocol(Protocol):
         the rest. Ask these rather than deriving them from ``grad_accum`` or gradients."""
 
     @property
-    def max_iters(self) -> int:
-        """Iterations of the whole run (``max_epochs`` times the epoch length when by epoch)."""
+    def max_iters(self) -> int | None:
+        """Iterations of the whole run (``max_epochs`` times the epoch length when by epoch);
+        None in an epoch run over a stream (a loader without ``__len__``) until its first
+        epoch has ended."""
 
     @property
     def max_epochs(self) -> int | None:

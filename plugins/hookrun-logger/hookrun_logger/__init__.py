@@ -223,14 +223,14 @@ class ProgressView:
         eta = self.values.get("train/eta")
         if eta is not None:
             eta = max(0.0, eta - (now - self.read_at))
-        elif rate > 0:
+        elif rate > 0 and total is not None:  # a stream's epoch run: known after an epoch
             eta = (total - done) / rate
         loss = self.values.get("train/loss")
         grid = Table.grid(padding=(0, 1))
         grid.add_row(
             epoch_text(runner),
-            ProgressBar(total=max(total, 1), completed=done, width=30),
-            f"{done}/{total}",
+            ProgressBar(total=None if total is None else max(total, 1), completed=done, width=30),
+            f"{done}/{total}" if total is not None else f"{done}",
             "loss " + (fmt(loss) if loss is not None else "-"),
             "lr " + (fmt_lr(self.values) or "-"),
             f"{rate:.1f} it/s",
@@ -264,7 +264,8 @@ def write_line(console: Console, line: str) -> None:
 def train_line(runner: RunnerProtocol, step: int, values: Mapping[str, float], rate: float) -> str:
     """One plain console line for a report (``lines`` mode): every ``train/*`` scalar of
     the report, the learning rate, the speed and the ETA."""
-    parts = [epoch_text(runner), f"iter {step}/{runner.max_iters}"]
+    total = runner.max_iters  # None: a stream whose first epoch has not ended
+    parts = [epoch_text(runner), f"iter {step}" + (f"/{total}" if total is not None else "")]
     for name, value in values.items():
         if name not in OWN_PLACE and not name.startswith("train/lr/"):
             parts.append(f"{name.removeprefix('train/')} {fmt(value)}")

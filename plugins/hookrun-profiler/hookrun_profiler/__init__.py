@@ -113,20 +113,22 @@ class Profiler(Plugin[ProfilerSettings]):
                 f"{runner.device})"
             )
         self.schedule = schedule(s)
-        self.windows = windows(self.schedule, runner.max_iters + s.warmup + s.active)
-        start = runner.iter
-        self.windows = [w for w in self.windows if w[2] > start and w[0] < runner.max_iters]
-        beyond = [w for w in self.windows if w[2] > runner.max_iters]
-        if beyond:
+        start, known = runner.iter, runner.max_iters
+        # an epoch run over a stream has no known length: the schedule's cycles (its first,
+        # when it repeats forever) from here
+        cycle = s.wait + s.warmup + s.active
+        last = known if known is not None else start + s.skip_first + cycle * max(s.repeat, 1)
+        self.windows = windows(self.schedule, last + s.warmup + s.active)
+        self.windows = [w for w in self.windows if w[2] > start and w[0] < last]
+        beyond = [w for w in self.windows if w[2] > last]
+        if beyond and known is not None:
             first, _, end = beyond[0]
             runner.info(
                 f"profiler: the window of iterations {first}-{end - 1} reaches beyond the "
                 f"run's end ({runner.max_iters} iterations); it is cut short there"
             )
         if not self.windows:
-            runner.info(
-                f"profiler: no window falls within iterations {start}-{runner.max_iters - 1}"
-            )
+            runner.info(f"profiler: no window falls within iterations {start}-{last - 1}")
         self.plan_next(start)
         if self.next_start == start:
             self.open(runner, start)
