@@ -23,7 +23,15 @@ from typing import Any, Literal
 from pydantic import Field
 from torch import nn
 
-from hookrun import Plugin, PluginSettings, Priority, RunnerProtocol, hookimpl, swap_stack
+from hookrun import (
+    ConfigError,
+    Plugin,
+    PluginSettings,
+    Priority,
+    RunnerProtocol,
+    hookimpl,
+    swap_stack,
+)
 from hookrun_ema.shadow import Shadow, shadow_dtype
 
 __all__ = ["EMA", "EMASettings", "Shadow", "shadow_dtype"]
@@ -93,6 +101,12 @@ class EMA(Plugin[EMASettings]):
 
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
+        if len(runner.optimizers) > 1:
+            names = ", ".join(map(repr, runner.optimizers))
+            raise ConfigError(
+                f"plugins.ema: this run has several optimizers ({names}) and the EMA cannot "
+                "yet be told whose steps to follow; train without the ema plugin"
+            )
         self._shadow_of(runner.unwrapped_model)
 
     @hookimpl
