@@ -294,7 +294,7 @@ class Runner:
     def validation_schedule(self) -> ValidationSchedule:
         has_val = self._loaders["val"] is not None
         if self.val_every_n_iters is not None:  # an epoch run validating by iterations
-            return ValidationSchedule(False, self.val_every_n_iters, self.max_iters, has_val)
+            return ValidationSchedule(False, self.val_every_n_iters, self.max_iters or 0, has_val)
         last = self.max_epochs if self.by_epoch else self.max_iters
         return ValidationSchedule(self.by_epoch, self.val_interval, last or 0, has_val)
 
