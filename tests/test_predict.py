@@ -245,27 +245,30 @@ def listing(folder: Path) -> dict[Path, bytes]:
     }
 
 
-def test_cli_writes_the_checkpoints_outputs_over_the_test_loader(trained, tmp_path):
+def test_cli_writes_the_checkpoints_outputs_and_replaces_a_file_only_with_force(trained, tmp_path):
     config, checkpoint = trained
-    before = listing(config.parent)
-    result = predict(
-        config, "--checkpoint", checkpoint, "--output", tmp_path / "out.pt", cwd=tmp_path
-    )
+    before, out = listing(config.parent), tmp_path / "out.pt"
+    result = predict(config, "--checkpoint", checkpoint, "--output", out, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert f"wrote {tmp_path / 'out.pt'}: a tensor of shape [32, 2]" in result.stdout
-    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert f"wrote {out}: a tensor of shape [32, 2]" in result.stdout
+    plain = torch.load(out, weights_only=True)
     saved = torch.load(checkpoint, weights_only=True)
-    assert torch.equal(out, toy_outputs(config, saved["model"], "test_dataloader"))
+    assert torch.equal(plain, toy_outputs(config, saved["model"], "test_dataloader"))
     assert listing(config.parent) == before  # the run's folder is left alone
 
-    ema = tmp_path / "ema.pt"
-    result = predict(config, "--checkpoint", checkpoint, "--output", ema, "--ema", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    average = torch.load(ema, weights_only=True)
-    assert torch.equal(
-        average, toy_outputs(config, saved["plugins"]["ema"]["model"], "test_dataloader")
+    ema = [config, "--checkpoint", checkpoint, "--output", out, "--ema"]
+    result = predict(*ema, cwd=tmp_path)
+    assert (result.returncode, result.stderr.splitlines()) == (
+        2,
+        [f"--output: {out} exists; pass --force to replace it"],
     )
-    assert not torch.equal(average, out)
+    assert torch.equal(torch.load(out, weights_only=True), plain)  # left as it was
+    result = predict(*ema, "--force", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    average = torch.load(out, weights_only=True)
+    expected = toy_outputs(config, saved["plugins"]["ema"]["model"], "test_dataloader")
+    assert torch.equal(average, expected)
+    assert not torch.equal(average, plain)
 
 
 def test_cli_predicts_over_the_tasks_predict_dataloader(trained, tmp_path):
@@ -294,32 +297,14 @@ def test_cli_predicts_over_the_tasks_predict_dataloader(trained, tmp_path):
     torch.testing.assert_close(torch.load(out, weights_only=True), expected)
 
 
-def test_cli_on_two_ranks_writes_what_one_process_writes(trained, tmp_path):
-    config, checkpoint = trained
-    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    assert (
-        predict(config, "--checkpoint", checkpoint, "--output", one, cwd=tmp_path).returncode == 0
-    )
-    args = ["predict", config, "--checkpoint", checkpoint, "--output", two]
-    run_ranks(JOBS / "predict_job.py", tmp_path, "cli", *args, path=[JOBS])
-    torch.testing.assert_close(
-        torch.load(two, weights_only=True), torch.load(one, weights_only=True)
-    )
-
-
-def test_an_existing_output_is_replaced_only_with_force(trained, tmp_path):
+def test_cli_on_two_ranks_writes_the_outputs_in_dataset_order(trained, tmp_path):
     config, checkpoint = trained
     out = tmp_path / "out.pt"
-    out.write_bytes(b"earlier predictions")
-    result = predict(config, "--checkpoint", checkpoint, "--output", out, cwd=tmp_path)
-    assert (result.returncode, result.stderr.splitlines()) == (
-        2,
-        [f"--output: {out} exists; pass --force to replace it"],
-    )
-    assert out.read_bytes() == b"earlier predictions"
-    result = predict(config, "--checkpoint", checkpoint, "--output", out, "--force", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert torch.load(out, weights_only=True).shape == (32, 2)
+    args = ["predict", config, "--checkpoint", checkpoint, "--output", out]
+    run_ranks(JOBS / "predict_job.py", tmp_path, "cli", *args, path=[JOBS])
+    saved = torch.load(checkpoint, weights_only=True)["model"]
+    expected = toy_outputs(config, saved, "test_dataloader")
+    torch.testing.assert_close(torch.load(out, weights_only=True), expected)
 
 
 @pytest.mark.parametrize(
