@@ -9,8 +9,8 @@ together. The checkpoint plugin saves the state training stopped in.
 
 A training scalar (``monitor: train/loss``, any ``train/`` name) is checked instead every
 ``log_interval`` iterations, no validation needed: its mean over those iterations on rank 0
-(the value that iteration's report writes) is given to every rank, and ``patience`` counts
-such checks.
+(what that iteration's report writes, unless an epoch ended in between) is given to every
+rank, and ``patience`` counts such checks.
 """
 
 from __future__ import annotations
