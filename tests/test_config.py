@@ -70,11 +70,11 @@ def test_task_result_must_be_a_mapping_of_runner_objects():
         check_task_result({"modle": 1, "optimiser": 2}, "t:b")
     assert err.value.lines == [
         "task: t:b returned unknown key 'modle' (did you mean 'model'?) (allowed: model, "
-        "train_dataloader, val_dataloader, test_dataloader, optimizer, scheduler, criterion, "
-        "metrics, hooks)",
+        "train_dataloader, val_dataloader, test_dataloader, predict_dataloader, optimizer, "
+        "scheduler, criterion, metrics, hooks)",
         "task: t:b returned unknown key 'optimiser' (did you mean 'optimizer'?) (allowed: "
-        "model, train_dataloader, val_dataloader, test_dataloader, optimizer, scheduler, "
-        "criterion, metrics, hooks)",
+        "model, train_dataloader, val_dataloader, test_dataloader, predict_dataloader, "
+        "optimizer, scheduler, criterion, metrics, hooks)",
         "task: t:b returned no 'model'",
     ]
     with pytest.raises(ConfigError, match="returned list"):

@@ -36,12 +36,14 @@ def export(checkpoint: Path, out: Path, ema: bool = False) -> int:
         raise HookrunError(errors)
     if out.resolve() == checkpoint.resolve():
         raise HookrunError(f"OUT: {out} is the checkpoint itself; name another file")
-    weights = _weights(checkpoint, ema)
-    ckpt_io.atomic_save(weights, out)
-    return len(weights)
+    found = weights(checkpoint, ema)
+    ckpt_io.atomic_save(found, out)
+    return len(found)
 
 
-def _weights(checkpoint: Path, ema: bool) -> dict[str, torch.Tensor]:
+def weights(checkpoint: Path, ema: bool) -> dict[str, torch.Tensor]:
+    """The model's weights in ``checkpoint`` (a file or a sharded folder), every tensor
+    whole; with ``ema`` the EMA plugin's average instead (one line when there is none)."""
     if checkpoint.is_dir():
         from hookrun.checkpoint import sharded
 

@@ -253,6 +253,42 @@ def export_command(checkpoint: Path, out: Path, ema: bool) -> None:
     echo(f"[hookrun] wrote {out}: {count} entries of the {'EMA' if ema else 'model'} weights")
 
 
+@cli.command(name="predict")
+@config_argument
+@click.option(
+    "--checkpoint",
+    "checkpoint",
+    required=True,
+    type=click.Path(path_type=Path),
+    callback=_path_name,
+    help="Checkpoint file (or sharded folder) whose weights predict.",
+)
+@click.option(
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    callback=_path_name,
+    help="File to write the outputs to; its folder must exist.",
+)
+@click.option("--ema", is_flag=True, help="Predict with the EMA plugin's averaged weights.")
+@click.option("--force", is_flag=True, help="Replace --output when it exists.")
+@set_option
+def predict_command(
+    config: Path, checkpoint: Path, output: Path, ema: bool, force: bool, overrides: Sequence[str]
+) -> None:
+    """Write the outputs of CHECKPOINT's model over the task's predict_dataloader (else its
+    test_dataloader) to one file that torch.load(FILE, weights_only=True) loads: tensors
+    concatenated along dim 0 in the loader's order (docs/predict.md).
+
+    Nothing is evaluated or logged and the work dir is left alone. An existing --output is
+    refused unless --force is given.
+    """
+    from hookrun.cli import predict
+
+    outputs = predict.run(config, checkpoint, output, ema, force, overrides, _notice)
+    _notice(f"wrote {output}: {predict.describe(outputs)}")
+
+
 def _check_place(where: str, path: str | Path, folder: bool) -> None:
     """Refuse an output path hookrun cannot create or write (a file where a folder goes, a
     folder where the file goes), before any work: :func:`hookrun.config.file.place_errors`."""

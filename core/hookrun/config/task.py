@@ -25,6 +25,7 @@ TASK_KEYS = (
     "train_dataloader",
     "val_dataloader",
     "test_dataloader",
+    "predict_dataloader",
     "optimizer",
     "scheduler",
     "criterion",

@@ -18,6 +18,7 @@ pad, so each sample counts once and metrics are not biased.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -156,6 +157,39 @@ def eval_sampler(loader: Any, name: str, seed: int, rank: int, world: int) -> Sa
     if world == 1 or not _shardable(loader, name, world):
         return None
     return ShardedSampler(loader.sampler, seed, rank, world, pad=False, join=False)
+
+
+def predict_sampler(
+    loader: Any, name: str, seed: int, rank: int, world: int
+) -> Sampler[int] | None:
+    """A prediction loader's own sampler cut into one contiguous block per rank, without
+    padding: rank 0 takes the first share of the order, rank 1 the next, so the ranks'
+    outputs put one after the other are in the loader's order, each sample once."""
+    if world == 1 or not _shardable(loader, name, world):
+        return None
+    return BlockSampler(loader.sampler, seed, rank, world)
+
+
+class BlockSampler(Sampler[int]):
+    """Rank ``rank``'s contiguous block of ``sampler``'s order (seeded for epoch 0); the
+    first ``len % world`` ranks take one index more."""
+
+    def __init__(self, sampler: Sampler[int], seed: int, rank: int, world: int) -> None:
+        self.sampler, self.seed, self.rank, self.world = sampler, seed, rank, world
+
+    def _bounds(self) -> tuple[int, int]:
+        share, extra = divmod(len(self.sampler), self.world)  # type: ignore[arg-type]
+        start = self.rank * share + min(self.rank, extra)
+        return start, start + share + (self.rank < extra)
+
+    def __len__(self) -> int:
+        start, end = self._bounds()
+        return end - start
+
+    def __iter__(self) -> Iterator[int]:
+        seed_epoch(self.sampler, self.seed, 0)
+        start, end = self._bounds()
+        return itertools.islice(iter(self.sampler), start, end)
 
 
 def last_batch(loader: Any, epoch: int) -> tuple[bool, bool]:

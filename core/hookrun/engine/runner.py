@@ -25,6 +25,7 @@ from hookrun.data.loaders import make_loader, seed_all
 from hookrun.data.sharding import train_sampler
 from hookrun.distributed import collectives, process_group
 from hookrun.distributed.fsdp import shard_model
+from hookrun.engine import predict as prediction
 from hookrun.engine import workdir
 from hookrun.engine.clock import IterationClock
 from hookrun.engine.evaluation import evaluate, evaluation_loaders
@@ -78,6 +79,8 @@ class Runner:
         plugins: The active plugins by name (after selection and ``unused_hooks``).
         hooks: Every hook point's caller: ``runner.hooks.after_train_iter(runner=...)``.
         manager: The plugin manager that found, validated and ordered the plugins.
+        predict_dataloader: What :meth:`predict` predicts over by default (else
+            ``test_dataloader``).
         last_metrics: The latest metrics of each mode (``"val"``, ``"test"``); with named sets
             the names are ``<set>/<metric>``.
         optimizers: The optimizers by name (``"main"`` when one was given).
@@ -98,6 +101,7 @@ class Runner:
         train_dataloader: Iterable[Any] | None = None,
         val_dataloader: Iterable[Any] | None = None,
         test_dataloader: Iterable[Any] | None = None,
+        predict_dataloader: Iterable[Any] | None = None,
         optimizer: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer] | None = None,
         scheduler: Any = None,
         criterion: Callable[..., torch.Tensor] | None = None,
@@ -188,6 +192,7 @@ class Runner:
         self.train_dataloader = train_dataloader
         self.val_dataloader = val_dataloader
         self.test_dataloader = test_dataloader
+        self.predict_dataloader = predict_dataloader
         self.max_epochs = max_epochs if max_epochs is not None or max_iters else DEFAULT_MAX_EPOCHS
         self._max_iters = max_iters
         self.by_epoch = max_iters is None
@@ -447,6 +452,21 @@ class Runner:
     def test(self) -> dict[str, float]:
         """Evaluate on ``test_dataloader`` with the current weights."""
         return self._evaluate_alone("test")
+
+    def predict(self, dataloader: Iterable[Any] | None = None) -> Any:
+        """The model's outputs over ``dataloader`` (default: ``predict_dataloader``, else
+        ``test_dataloader``) in its order, each sample once, with the current weights: its
+        ``predict_step(batch)``, else the forward, in eval mode without gradients. Nothing
+        goes to metrics or writers; docs/predict.md says how batches are put together."""
+        if dataloader is None:
+            dataloader = self.predict_dataloader
+        if dataloader is None:
+            dataloader = self.test_dataloader
+        if dataloader is None:
+            raise ConfigError(
+                "runner.predict: no dataloader given and no predict_dataloader or test_dataloader"
+            )
+        return prediction.predict(self, dataloader)
 
     def evaluate(
         self, dataloader: Iterable[Any] | Mapping[str, Iterable[Any]], mode: str = "val"

@@ -88,7 +88,8 @@ class RunnerProtocol(Protocol):
 
     @property
     def mode(self) -> str:
-        """What the runner is doing: ``"train"``, ``"val"``, ``"test"`` or ``"idle"``."""
+        """What the runner is doing: ``"train"``, ``"val"``, ``"test"``, ``"predict"`` or
+        ``"idle"``."""
 
     def every_n_iters(self, n: int) -> bool:
         """Whether the finishing iteration is the n-th, 2n-th, ... of the run."""

@@ -478,6 +478,74 @@ def after_test_iter(
 
 
 @hookspec
+def before_predict(runner: RunnerProtocol) -> None:
+    """Fires at the start of ``runner.predict()`` (and ``hookrun predict``), with the model
+    already in eval mode. Prediction is not a run: ``before_run``/``after_run`` do not fire,
+    no writer opens and no scalar is written.
+
+    Arguments: ``runner``; ``runner.mode`` is ``"predict"``.
+    A hook may: swap other weights in (``hookrun.swap_stack``, as for ``before_test``),
+    open a file to stream outputs into.
+
+    Example::
+
+        @hookimpl
+        def before_predict(self, runner):
+            self.rows = 0
+    """
+
+
+@hookspec
+def after_predict(runner: RunnerProtocol, outputs: Any) -> None:
+    """Fires at the end of a prediction pass, on every rank, with all the outputs.
+
+    Arguments: ``runner``; ``outputs``, what ``runner.predict`` returns (every rank's,
+    in the loader's order; docs/predict.md says how batches are put together).
+    A hook may: restore what ``before_predict`` changed, write the outputs somewhere.
+
+    Example::
+
+        @hookimpl
+        def after_predict(self, runner, outputs):
+            if runner.is_main:
+                torch.save(outputs, runner.work_dir / "predictions.pt")
+    """
+
+
+@hookspec
+def before_predict_iter(runner: RunnerProtocol, batch_idx: int, batch: Any) -> None:
+    """Fires before each prediction batch's forward, after ``transform_batch`` (mode
+    ``"predict"``).
+
+    Arguments: ``runner``; ``batch_idx``, the batch's index on this rank; ``batch``, on the
+    runner's device.
+    A hook may: read the batch.
+
+    Example::
+
+        @hookimpl
+        def before_predict_iter(self, runner, batch):
+            self.rows += len(batch[0])
+    """
+
+
+@hookspec
+def after_predict_iter(runner: RunnerProtocol, batch_idx: int, batch: Any, outputs: Any) -> None:
+    """Fires after each prediction batch, on the rank that predicted it.
+
+    Arguments: ``runner``; ``batch_idx``; ``batch``; ``outputs``, this batch's output
+    (``predict_step(batch)`` or the forward) moved to the CPU.
+    A hook may: stream outputs to disk instead of keeping them, count, time.
+
+    Example::
+
+        @hookimpl
+        def after_predict_iter(self, runner, batch_idx, outputs):
+            self.sink.write(outputs.argmax(1).tolist())
+    """
+
+
+@hookspec
 def before_save_checkpoint(runner: RunnerProtocol, checkpoint: dict[str, Any]) -> None:
     """Fires with the checkpoint dict after every state (plugins' included) was collected
     and before it is written.

@@ -6,11 +6,17 @@ far, as Lightning's and Ignite's ``EarlyStopping`` compare it: an improvement by
 without improvement set ``runner.stop_training``. Thresholds and a non-finite value stop at
 once. The state lives in checkpoints; every rank decides on rank 0's value, so all stop
 together. The checkpoint plugin saves the state training stopped in.
+
+A training scalar (``monitor: train/loss``, any ``train/`` name) is checked instead every
+``log_interval`` iterations, no validation needed: its mean over those iterations on rank 0
+(what that iteration's report writes, unless an epoch ended in between) is given to every
+rank, and ``patience`` counts such checks.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
@@ -30,13 +36,17 @@ from hookrun import (
 __all__ = ["EarlyStopping", "EarlyStoppingSettings"]
 
 Rule = Literal["greater", "less"]
+TRAIN = "train/"
 
 
 class EarlyStoppingSettings(PluginSettings):
     """Settings of the ``early_stopping`` plugin."""
 
     monitor: str = Field(
-        "loss", min_length=1, description="Validation metric to watch (a key validation reports)."
+        "loss",
+        min_length=1,
+        description="Validation metric to watch (a key validation reports), or a training "
+        "scalar (`train/loss`, any `train/` name), checked every `log_interval` iterations.",
     )
     rule: Literal["greater", "less", "auto"] = Field(
         "auto",
@@ -46,7 +56,10 @@ class EarlyStoppingSettings(PluginSettings):
         "and is an error for a name with none of them.",
     )
     patience: int = Field(
-        3, ge=1, description="Validations in a row without improvement before training stops."
+        3,
+        ge=1,
+        description="Validations (checks, for a `train/` monitor) in a row without improvement "
+        "before training stops.",
     )
     min_delta: float = Field(
         0.0,
@@ -112,9 +125,18 @@ class EarlyStopping(Plugin[EarlyStoppingSettings]):
         if runner.mode == "train":
             self.best, self.wait, self.stopped_epoch = None, 0, None
 
+    @property
+    def watches_training(self) -> bool:
+        """Whether ``monitor`` is a training scalar (checked every ``log_interval`` iterations)."""
+        return self.settings.monitor.startswith(TRAIN)
+
+    def unused_hooks(self, runner: RunnerProtocol) -> Collection[str]:
+        """A training scalar needs no validation; a validation metric no iteration's hook."""
+        return ("after_val_epoch",) if self.watches_training else ("after_train_iter",)
+
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
-        if runner.val_dataloader is None:
+        if runner.val_dataloader is None and not self.watches_training:
             raise ConfigError(
                 f"plugins.early_stopping: needs a val_dataloader to watch {self.settings.monitor!r}"
             )
@@ -147,6 +169,31 @@ class EarlyStopping(Plugin[EarlyStoppingSettings]):
         runner.stop_training = True
         runner.info(f"early_stopping: {reason}; training stops after epoch {epochs}")
 
+    @hookimpl
+    def after_train_iter(self, runner: RunnerProtocol) -> None:
+        """Every ``log_interval`` iterations: rank 0's mean of the monitored training scalar
+        over them, given to every rank (one small gather), counted as a validation is."""
+        if not runner.every_n_iters(runner.log_interval):
+            return
+        monitor = self.settings.monitor
+        mine = None
+        if runner.is_main:
+            mine = (runner.scalars.mean([monitor], window=runner.log_interval).get(monitor),
+                    [n for n in runner.scalars.names() if n.startswith(TRAIN)])  # fmt: skip
+        value, names = all_gather_object(mine)[0]
+        if value is None:
+            raise ConfigError(
+                f"plugins.early_stopping.monitor: training records no scalar {monitor!r} "
+                f"(it records: {', '.join(names) or 'nothing'})"
+            )
+        reason = self._update(float(value))
+        minimum = self.settings.min_epochs
+        if reason is None or (minimum is not None and runner.epoch < minimum):
+            return
+        self.stopped_epoch = runner.epoch
+        runner.stop_training = True
+        runner.info(f"early_stopping: {reason}; training stops at iteration {runner.iter + 1}")
+
     def _update(self, value: float) -> str | None:
         """Take one validation's value; the reason to stop, or None."""
         s, rule = self.settings, self.settings.direction
@@ -167,4 +214,5 @@ class EarlyStopping(Plugin[EarlyStoppingSettings]):
         self.wait += 1
         if self.wait < s.patience:
             return None
-        return f"{monitor} did not improve for {self.wait} validations (best {self.best:.6g})"
+        checks = "checks" if self.watches_training else "validations"
+        return f"{monitor} did not improve for {self.wait} {checks} (best {self.best:.6g})"

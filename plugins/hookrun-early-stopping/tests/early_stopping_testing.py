@@ -55,3 +55,35 @@ def scripted_runner(tmp_path: Path, settings: dict, script: list[float], name: s
     )
     kwargs.update(overrides)
     return Runner(**kwargs)
+
+
+class ScriptedLoss(nn.Module):
+    """Its n-th training step's loss is ``script[n]`` (a zero gradient flows to one weight)."""
+
+    def __init__(self, script: list[float]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.script, self.steps = script, 0
+
+    def training_step(self, batch: Any) -> torch.Tensor:
+        value = self.script[self.steps]
+        self.steps += 1
+        return self.weight.sum() * 0 + value
+
+
+def scripted_loss_runner(work_dir: Path, script: list[float], settings: dict, **overrides: Any
+                         ) -> Runner:  # fmt: skip
+    """``len(script)`` iterations of :class:`ScriptedLoss` without validation, ``early_stopping``
+    watching ``train/loss`` with ``settings``; batches of 2 over 8 samples (4 an epoch)."""
+    model = ScriptedLoss(script)
+    kwargs: dict[str, Any] = dict(
+        model=model,
+        train_dataloader=DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        max_iters=len(script),
+        work_dir=work_dir,
+        plugins={"early_stopping": {"monitor": "train/loss", **settings}},
+        writers=("jsonl",),
+    )
+    kwargs.update(overrides)
+    return Runner(**kwargs)
