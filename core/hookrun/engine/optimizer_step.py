@@ -139,17 +139,17 @@ class OptimizerStep:
         it averages over, and the group's gradients are divided by the group's items at the
         step, so the group's loss is its summed loss over its items."""
         runner, hooks = self.runner, self.hooks
-        if self.by_items and items is not None:
+        if self.by_items:
+            if items is None:
+                raise StepError(
+                    "runner.grad_accum_normalize: items divides by the items the steps report, "
+                    "and this step's outputs hold no num_items; return {'loss': ..., "
+                    "'num_items': ...} from training_step, or use grad_accum_normalize: batches"
+                )
             loss = loss * items
             self.items = self.items + items
         elif self.grad_accum > 1:
             loss = loss / self.grad_accum
-        if self.by_items and items is None:
-            raise StepError(
-                "runner.grad_accum_normalize: items divides by the items the steps report, "
-                "and this step's outputs hold no num_items; return {'loss': ..., "
-                "'num_items': ...} from training_step, or use grad_accum_normalize: batches"
-            )
         if self.around_backward:
             hooks.before_backward(runner=runner, loss=loss)
         scaled = self.scaler.scale(loss) if self.scaler is not None else loss
@@ -177,7 +177,7 @@ class OptimizerStep:
                 f"{', '.join(map(repr, self.optimizers))}"
             )
         if self.runner.world_size > 1:
-            average_gradients(_params(self.optimizers[name]))
+            average_gradients(optimizer_params(self.optimizers[name]))
         self._step_one(name)
 
     def end_iteration(self) -> None:
@@ -219,7 +219,9 @@ class OptimizerStep:
         """Clip the gradients ``optimizer`` steps with; the norm goes to ``train/grad_norm``
         (``train/grad_norm/<name>`` with several optimizers)."""
         several = len(self.optimizers) > 1
-        params = _params(optimizer) if several else self.runner.unwrapped_model.parameters()
+        params = (
+            optimizer_params(optimizer) if several else self.runner.unwrapped_model.parameters()
+        )
         norm = self.clip(params, **self.clip_grad)  # type: ignore[arg-type]
         self.scalars.put(f"train/grad_norm/{name}" if several else "train/grad_norm", norm)
 
@@ -232,20 +234,22 @@ class OptimizerStep:
             items = all_reduce_sum(items.to(self.runner.device)).cpu()
         self.items = 0
         factor = world / max(float(items), 1.0)
-        params = [p for opt in self.optimizers.values() for p in _params(opt)]
+        params = [p for opt in self.optimizers.values() for p in optimizer_params(opt)]
         grads = [p.grad for p in params if p.grad is not None]
         if grads:
             torch._foreach_mul_(grads, factor)
 
 
-def _params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+def optimizer_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    """Every parameter ``optimizer`` steps, group by group."""
     for group in optimizer.param_groups:
         yield from group["params"]
 
 
 def average_gradients(params: Iterator[torch.Tensor]) -> None:
-    """Each gradient summed over the ranks and divided by their number, as DDP does (manual
-    optimization steps outside DDP's forward, so its hooks do not reduce them)."""
+    """Each gradient summed over the ranks and divided by their number, as DDP does, where
+    DDP's hooks do not run: a manual step outside DDP's forward, a stream's last group, an
+    epoch's joined last iteration."""
     world = torch_dist.get_world_size()
     grads = [p.grad for p in params if p.grad is not None]
     by_type: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}

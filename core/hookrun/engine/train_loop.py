@@ -21,7 +21,12 @@ from torch.distributed.algorithms.join import Join
 from hookrun.data.sharding import last_batch
 from hookrun.distributed import process_group
 from hookrun.engine.evaluation import evaluate_or_stop
-from hookrun.engine.optimizer_step import SINGLE, TailJoin, average_gradients
+from hookrun.engine.optimizer_step import (
+    SINGLE,
+    TailJoin,
+    average_gradients,
+    optimizer_params,
+)
 from hookrun.engine.position import LoopPosition, Phase, group_done, group_ends
 from hookrun.engine.steps import batch_size, step_outputs, to_device, training_losses
 from hookrun.errors import ConfigError
@@ -332,7 +337,7 @@ class TrainStep:
         runner, pos = self.runner, self.runner.position
         if runner.world_size > 1:
             for optimizer in self.optim.optimizers.values():
-                average_gradients(p for group in optimizer.param_groups for p in group["params"])
+                average_gradients(optimizer_params(optimizer))
         pos.stepping = True
         self.optim.step()
         pos.stepping = False
@@ -355,9 +360,8 @@ class TrainStep:
     def joined(self, batch: Any) -> dict[str, torch.Tensor]:
         """The epoch's last iteration when some rank's share has none (``batch`` is None on
         such a rank): the ranks with a batch run it on the unwrapped model, every rank's
-        gradients are averaged under :class:`~hookrun.engine.optimizer_step.TailJoin`, and every
-        rank
-        steps alike. Returns this rank's losses (none without a batch)."""
+        gradients are averaged under :class:`~hookrun.engine.optimizer_step.TailJoin`, and
+        every rank steps alike. Returns this rank's losses (none without a batch)."""
         runner, optim = self.runner, self.optim
         module = runner.unwrapped_model
         losses: dict[str, torch.Tensor] = {}
