@@ -48,8 +48,6 @@ class At:
                 pass
         if self.action == "sleep":
             time.sleep(3600)
-        if self.action == "stall":
-            (self.folder / "stall").write_text("")
         if self.action.startswith("SIG"):
             os.kill(os.getpid(), signal.Signals[self.action])
 
@@ -59,24 +57,27 @@ class At:
 
 
 class Stalls(TensorDataset):
-    """Fetches sleep for an hour once ``folder/stall`` exists (a worker stuck in a fetch)."""
+    """A fetch sleeps for an hour once this copy of the dataset (each worker has its own)
+    served ``stall_after`` samples: a worker stuck in a fetch, whatever the machine's load."""
 
-    def __init__(self, folder, *tensors):
+    def __init__(self, stall_after, *tensors):
         super().__init__(*tensors)
-        self.flag = Path(folder) / "stall"
+        self.stall_after, self.served = stall_after, 0
 
     def __getitem__(self, index):
-        if self.flag.exists():
+        if self.stall_after is not None and self.served >= self.stall_after:
             time.sleep(3600)
+        self.served += 1
         return super().__getitem__(index)
 
 
-def build(folder, at=-1, action="", workers=0, persistent=False):
+def build(folder, at=-1, action="", workers=0, persistent=False, stall_after=None):
     names = ("SIGINT", "SIGTERM")
     ignored = [n for n in names if signal.getsignal(signal.Signals[n]) == signal.SIG_IGN]
     (Path(folder) / "ignored_at_start").write_text(" ".join(ignored))
     g = torch.Generator().manual_seed(0)
-    data = Stalls(folder, torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g))
+    inputs, labels = torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g)
+    data = Stalls(stall_after, inputs, labels)
     model = nn.Linear(4, 2)
     options = dict(batch_size=4, num_workers=workers, persistent_workers=persistent)
     return {
@@ -176,15 +177,16 @@ def test_a_loader_worker_stuck_in_a_fetch_when_the_run_ends_does_not_keep_it_ali
 ) -> None:
     """The run ends at ``max_iters`` while both workers sleep in a fetch for the next batches:
     they would never answer torch's shutdown nor the SIGTERM they ignore; hookrun kills them
-    at exit, so the process ends at once instead of waiting for them forever."""
+    at exit, so the process ends at once instead of waiting for them forever. Batches go to
+    the two workers in turn, so each serves 3 of the 6 batches the run needs (12 samples)
+    and sleeps in its 4th, a batch fetched ahead that the run never takes."""
     config = write_task(
         tmp_path,
         epochs=None,
         runner="max_iters: 6",
-        at=1,
-        action="stall",
         workers=2,
         persistent=True,
+        stall_after=12,
     )
     proc = start_train(config)
     out, err = ends_within(proc, 120)
