@@ -100,7 +100,8 @@ class FsdpSettings(BaseModel):
     reshard_after_forward: bool = Field(
         True,
         description="Free the gathered parameters after each unit's forward (gathered "
-        "again for backward): less memory, one more all-gather per unit.",
+        "again for backward): less memory, one more all-gather per unit. The root stays "
+        "gathered until backward either way (PyTorch's default: backward needs it first).",
     )
     cpu_offload: bool = Field(
         False,

@@ -52,7 +52,9 @@ def shard_model(
     )
     options: dict[str, Any] = {
         "mesh": mesh,
-        "reshard_after_forward": settings.reshard_after_forward,
+        # None: PyTorch's default, which keeps the root gathered from forward to backward
+        # (it is needed first there); False: every unit stays gathered
+        "reshard_after_forward": None if settings.reshard_after_forward else False,
         "mp_policy": policy,
         "offload_policy": CPUOffloadPolicy() if settings.cpu_offload else OffloadPolicy(),
     }
