@@ -6,8 +6,8 @@ a ResNet-18-sized model's time per iteration under hookrun against a hand-writte
 fp32, bf16 and fp16 with ``GradScaler``, the nan-guard's cost, the timer's CUDA-event
 iteration time against a synchronised host clock, and a compiled model against the same
 compiled hand loop. Runs unattended in a few minutes. Without a CUDA device it says so and
-exits 0 (``--cpu-check`` runs every part on the CPU with tiny sizes, to check the script
-itself: its figures mean nothing).
+exits 0 (``--cpu-check`` runs every part on the CPU with tiny sizes and dynamo's ``eager``
+backend, to check the script itself: its figures mean nothing).
 
     python benchmarks/gpu.py [--iters 120] [--repeats 3] [--cpu-check]
 """
@@ -37,9 +37,12 @@ WARM = 10  # iterations left out of every timing (cuDNN autotuning, allocator, c
 
 
 class Sizes:
-    """Image side, batch, number of batches in the data pool, ResNet width."""
+    """Image side, batch, number of batches in the data pool, ResNet width; the compiler's
+    backend (``--cpu-check``: dynamo's ``eager``, which traces without inductor's code
+    generation, minutes of C++ compilation on a CPU)."""
 
     def __init__(self, cpu_check: bool) -> None:
+        self.backend = "eager" if cpu_check else "inductor"
         self.side, self.batch, self.pool, self.width = (
             (16, 4, 4, 8) if cpu_check else (96, 64, 16, 64)
         )
@@ -111,7 +114,7 @@ def hand_loop(
     a GradScaler as hookrun's ``amp`` does, the loss read every ``LOG_INTERVAL``."""
     model = resnet18(sizes.width).to(device)
     if compiled:
-        model.compile()
+        model.compile(backend=sizes.backend)
     optimizer = optimizer_for(model, amp, device)
     criterion = nn.CrossEntropyLoss()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp or "")
@@ -205,7 +208,7 @@ def runner_loop(
     iteration after ``WARM``, the timer's ``train/time`` then, synchronisations counted."""
     model = resnet18(sizes.width)
     if compiled:
-        model.compile()
+        model.compile(backend=sizes.backend)
     clock = Clock(iters, device)
     hooks: list[object] = [clock]
     counter = SyncCounter(iters)
