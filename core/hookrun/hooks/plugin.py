@@ -97,7 +97,8 @@ class Plugin(Generic[SettingsT]):
         """The folder (or fsspec URL) this plugin writes the run's checkpoints to, or None
         (the default: it writes none). The first plugin that names one sets
         ``runner.checkpoint_dir``, where ``resume="auto"`` looks; a new run refuses a work
-        dir whose checkpoints show it trained. Asked before the run starts (before the task is built), from the settings."""
+        dir whose checkpoints show it trained. Asked before the run starts (before the task
+        is built), from the settings."""
         return None
 
     def __repr__(self) -> str:
