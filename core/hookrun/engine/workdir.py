@@ -603,9 +603,11 @@ class URL:
         """Raise :class:`StorageError` (one line) unless the storage answers and, on a store
         with buckets, the bucket exists: checked before a run writes anything."""
         bucket = self.key.split("/", 1)[0] if self.protocol in LIBRARIES else ""
-        if bucket and not self._ask(self.fs.exists, bucket):
-            raise StorageError(f"{self.url}: the bucket {bucket!r} does not exist")
-        self._ask(self.fs.exists, self.key)
+        try:
+            self._ask(self.fs.ls, bucket or self.key)  # ``exists`` would hide a failure
+        except FileNotFoundError:
+            if bucket:
+                raise StorageError(f"{self.url}: the bucket {bucket!r} does not exist") from None
 
     def exists(self) -> bool:
         return bool(self._ask(self.fs.exists, self.key))
