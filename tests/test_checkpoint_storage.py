@@ -194,11 +194,14 @@ def test_an_unreachable_endpoint_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_missing_bucket_is_one_line_and_exit_2(moto_s3, tmp_path):
+def test_a_missing_bucket_is_one_line_and_exit_2(capsys, moto_s3, tmp_path):
     fs = s3_filesystem()
     before = fs.ls("")
-    output = train(config(tmp_path, "s3://no-such-bucket/run"), tmp_path / "run", expect=2)
-    assert output.strip().splitlines() == [
+    work_dir = tmp_path / "run"
+    config_path = config(tmp_path, "s3://no-such-bucket/run")
+    code, out, err = run_cli(capsys, "train", config_path, "--work-dir", work_dir)
+    assert code == 2
+    assert err.strip().splitlines() == [
         "s3://no-such-bucket/run: the bucket 'no-such-bucket' does not exist"
-    ], output
-    assert not (tmp_path / "run").exists() and fs.ls("") == before
+    ], err
+    assert not work_dir.exists() and fs.ls("") == before
