@@ -198,9 +198,16 @@ def load(path: Path | URL, mmap: bool = False) -> dict[str, Any]:
 def write(runner: Checkpointable, state: dict[str, Any], path: Path | URL) -> Path | URL:
     """Write ``state`` as a file or object (this process), or under FSDP as a sharded folder
     (every rank calls this)."""
-    if runner.strategy == "fsdp" and not isinstance(path, URL):
+    if runner.strategy == "fsdp":
+        if isinstance(path, URL):  # check_start refuses this before training
+            raise CheckpointError(f"cannot write sharded checkpoint {path}: {SHARDED_LOCAL}")
         return _sharded().write(state, path)
     return ckpt_io.write(state, path)
+
+
+SHARDED_LOCAL = (
+    "FSDP checkpoints are folders every rank writes together; give a local or shared folder"
+)
 
 
 def _sharded() -> Any:
@@ -217,12 +224,14 @@ def check_start(runner: Checkpointable, resume: str | Path | URL | None) -> list
     writers open): a train loader without batches; without ``resume``, a work dir that
     holds a run (:func:`check_unused`, in the default checkpoint folder and the run's); an
     explicit checkpoint that does not fit; under ``"auto"``, checkpoints of which none can
-    continue the run; a checkpoint URL whose storage does not answer. Returns the leftovers
+    continue the run; a checkpoint URL whose storage does not answer, or one under FSDP. Returns the leftovers
     of a start that never completed an iteration (for
     :func:`hookrun.engine.workdir.start_over`). Changes nothing."""
     loader = runner.train_loader
     if loader is not None and loader.length == 0:
         raise ConfigError("train_dataloader: yields no batches")
+    if runner.strategy == "fsdp" and isinstance(runner.checkpoint_dir, URL):
+        raise ConfigError(f"plugins.checkpoint.out_dir: {runner.checkpoint_dir}: {SHARDED_LOCAL}")
     if resume is None:
         folders = [runner.work_dir / workdir.CHECKPOINTS, runner.checkpoint_dir]
         return check_unused(runner.work_dir, folders)
