@@ -224,8 +224,8 @@ def check_start(runner: Checkpointable, resume: str | Path | URL | None) -> list
     writers open): a train loader without batches; without ``resume``, a work dir that
     holds a run (:func:`check_unused`, in the default checkpoint folder and the run's); an
     explicit checkpoint that does not fit; under ``"auto"``, checkpoints of which none can
-    continue the run; a checkpoint URL whose storage does not answer, or one under FSDP. Returns the leftovers
-    of a start that never completed an iteration (for
+    continue the run; a checkpoint URL whose storage does not answer, or one under FSDP.
+    Returns the leftovers of a start that never completed an iteration (for
     :func:`hookrun.engine.workdir.start_over`). Changes nothing."""
     loader = runner.train_loader
     if loader is not None and loader.length == 0:
