@@ -56,7 +56,14 @@ from hookrun_checkpoint.ledger import (
     survey,
 )
 from hookrun_checkpoint.settings import CheckpointSettings
-from hookrun_checkpoint.storage import PARTIAL, TEMP, LocalStorage, Storage, Writer, storage_for
+from hookrun_checkpoint.storage import (
+    PARTIAL,
+    TEMP,
+    FsspecStorage,
+    LocalStorage,
+    Storage,
+    Writer,
+)
 
 __all__ = ["Checkpoint", "CheckpointSettings", "HostCopy"]
 
@@ -115,7 +122,8 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
     @hookimpl
     def before_run(self, runner: RunnerProtocol) -> None:
-        self.storage = storage_for(runner.checkpoint_dir)
+        folder = runner.checkpoint_dir
+        self.storage = FsspecStorage(folder) if isinstance(folder, URL) else LocalStorage(folder)
         if runner.mode != "train":
             return
         self.training = self.stopped = False

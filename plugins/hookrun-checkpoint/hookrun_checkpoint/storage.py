@@ -174,8 +174,3 @@ class FsspecStorage:
     def remove(self, name: str) -> None:
         """Delete the object ``name`` (nothing when it is gone)."""
         remove_checkpoint(self.folder / name)
-
-
-def storage_for(folder: Path | URL) -> Storage:
-    """The storage of a checkpoint folder: a local one, or an fsspec file system's."""
-    return FsspecStorage(folder) if isinstance(folder, URL) else LocalStorage(folder)
