@@ -55,7 +55,6 @@ _EXPORTS = {
     "URL": "hookrun.engine.workdir",
     "location": "hookrun.engine.workdir",
     "url_problem": "hookrun.engine.workdir",
-    "is_url": "hookrun.engine.workdir",
     "SwapStack": "hookrun.engine.swaps",
     "swap_stack": "hookrun.engine.swaps",
 }
@@ -91,7 +90,6 @@ if TYPE_CHECKING:
     from hookrun.engine.swaps import SwapStack as SwapStack
     from hookrun.engine.swaps import swap_stack as swap_stack
     from hookrun.engine.workdir import URL as URL
-    from hookrun.engine.workdir import is_url as is_url
     from hookrun.engine.workdir import location as location
     from hookrun.engine.workdir import url_problem as url_problem
     from hookrun.errors import CheckpointError as CheckpointError

@@ -525,9 +525,11 @@ def location(value: str | os.PathLike[str] | URL) -> Path | URL:
 
 
 def url_problem(value: str) -> str | None:
-    """Why ``value`` names no storage hookrun can use, or None: a protocol fsspec does not
-    know, or one whose library is not installed (named, with the line that installs it).
-    Nothing is contacted."""
+    """Why the URL ``value`` names no storage hookrun can use, or None (also for a plain
+    path): a protocol fsspec does not know, or one whose library is not installed (named,
+    with the line that installs it). Nothing is contacted."""
+    if not is_url(value):
+        return None
     import fsspec
 
     protocol = value.split("://", 1)[0]
@@ -569,10 +571,13 @@ class URL:
         import fsspec
 
         self.url = url.rstrip("/") if not url.endswith("://") else url
+        """The URL, without a trailing ``/``."""
         self.protocol = url.split("://", 1)[0]
+        """The protocol (``s3``)."""
         self.fs, self.key = fsspec.core.url_to_fs(self.url)
 
     def __str__(self) -> str:
+        """The URL, as given (without a trailing ``/``)."""
         return self.url
 
     def __repr__(self) -> str:
@@ -585,18 +590,22 @@ class URL:
         return hash(self.url)
 
     def __truediv__(self, name: str) -> URL:
+        """The URL of ``name`` in this folder."""
         return URL(f"{self.url}/{name}")
 
     @property
     def name(self) -> str:
+        """The last part of the path (``iter_8.pt``)."""
         return PurePosixPath(self.key).name
 
     @property
     def suffix(self) -> str:
+        """The name's extension (``.pt``)."""
         return PurePosixPath(self.key).suffix
 
     @property
     def parent(self) -> URL:
+        """The folder this URL is in."""
         return URL(self.url.rsplit("/", 1)[0])
 
     def check(self) -> None:
@@ -610,12 +619,15 @@ class URL:
                 raise StorageError(f"{self.url}: the bucket {bucket!r} does not exist") from None
 
     def exists(self) -> bool:
+        """Whether an object or a folder (a prefix with objects) is there."""
         return bool(self._ask(self.fs.exists, self.key))
 
     def is_dir(self) -> bool:
+        """Whether this is a folder (on an object store: a prefix that holds objects)."""
         return bool(self._ask(self.fs.isdir, self.key))
 
     def is_file(self) -> bool:
+        """Whether this is an object (a file)."""
         return bool(self._ask(self.fs.isfile, self.key))
 
     def iterdir(self) -> list[URL]:
@@ -634,6 +646,7 @@ class URL:
             return 0.0
 
     def read_bytes(self) -> bytes:
+        """The whole object."""
         return bytes(self.fs.cat_file(self.key))
 
     def write_bytes(self, data: bytes) -> None:
@@ -642,6 +655,7 @@ class URL:
         self.fs.pipe_file(self.key, data)
 
     def unlink(self, missing_ok: bool = False) -> None:
+        """Delete the object (``missing_ok``: nothing when it is gone)."""
         try:
             self.fs.rm_file(self.key)
         except FileNotFoundError:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from hookrun import PluginSettings, is_url, resolve_rule, url_problem
+from hookrun import PluginSettings, resolve_rule, url_problem
 
 
 class CheckpointSettings(PluginSettings):
@@ -96,7 +96,7 @@ class CheckpointSettings(PluginSettings):
     @classmethod
     def _check_storage(cls, value: str | None) -> str | None:
         """A URL's protocol must be one fsspec knows, with its library installed."""
-        problem = url_problem(value) if value is not None and is_url(value) else None
+        problem = url_problem(value) if value is not None else None
         if problem:
             raise ValueError(problem)
         return value
