@@ -229,7 +229,7 @@ def load(path: str | Path | URL, map_location: Any = "cpu", mmap: bool = False) 
 def _load_object(url: URL, map_location: Any) -> dict[str, Any]:
     """:func:`load` for an object of an fsspec file system: read whole, then loaded."""
     try:
-        data = url._ask(url.read_bytes)
+        data = url.read_bytes()
     except FileNotFoundError as exc:
         raise _unloadable(url, "not found") from exc
     if not data:
@@ -344,8 +344,8 @@ def candidates(folder: Path | URL, report: Callable[[str], None] | None = None) 
 def _object_candidates(folder: URL, report: Callable[[str], None] | None) -> list[Path | URL]:
     """:func:`candidates` of a folder on an fsspec file system (objects only: no FIFOs)."""
     found = [entry for entry in folder.iterdir() if entry.suffix == ".pt" and entry.is_file()]
-    stamped = [(entry.mtime(), _natural(entry.name), entry) for entry in found]
-    files: list[Path | URL] = [entry for *_, entry in sorted(stamped, reverse=True)]
+    found.sort(key=lambda entry: (entry.mtime(), _natural(entry.name)), reverse=True)
+    files: list[Path | URL] = [*found]
     return _latest_first(folder, files, report)
 
 

@@ -647,7 +647,7 @@ class URL:
 
     def read_bytes(self) -> bytes:
         """The whole object."""
-        return bytes(self.fs.cat_file(self.key))
+        return bytes(self._ask(self.fs.cat_file, self.key))
 
     def write_bytes(self, data: bytes) -> None:
         """Write the whole object under its name in one request: an object store shows it
