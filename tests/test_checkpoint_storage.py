@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from _support.moto_s3 import S3Server, moto_s3, s3_filesystem
+from _support.moto_s3 import S3Server, s3_filesystem
+from _support.moto_s3 import moto_s3 as moto_s3  # the fixture, used by name
 from hookrun import Runner
 from hookrun.testing import (
     assert_same_checkpoint,
@@ -24,8 +25,6 @@ from hookrun.testing import (
     run_job,
     write_toy_task,
 )
-
-__all__ = ["moto_s3"]  # the fixture, used by name
 
 TASK = Path(__file__).parent / "jobs" / "storage_task.py"
 # 7 batches an epoch, 2 epochs: iter_2.pt ... iter_14.pt, the 2 newest kept
