@@ -29,6 +29,8 @@ TEST_DEPS = [
     "setuptools>=70",
     "pytorch-ignite>=0.5.5",  # the reference for early stopping and top-k checkpoints
     "torchdata",  # StatefulDataLoader: the stateful loader the stream tests resume mid-epoch
+    "moto[server]",  # a real S3-compatible server for the checkpoint storage tests
+    "s3fs",  # fsspec's S3 file system, which those tests use
 ]
 # the trackers' own libraries, to read their stores back in the writers' tests
 TRACKER_DEPS = ["mlflow-skinny", "dvclive", "wandb", "neptune"]

@@ -52,6 +52,9 @@ _EXPORTS = {
     "already_sharded": "hookrun.data.sharding",
     "checkpoint_state_file": "hookrun.checkpoint.files",
     "remove_checkpoint": "hookrun.checkpoint.files",
+    "URL": "hookrun.engine.workdir",
+    "location": "hookrun.engine.workdir",
+    "url_problem": "hookrun.engine.workdir",
     "SwapStack": "hookrun.engine.swaps",
     "swap_stack": "hookrun.engine.swaps",
 }
@@ -86,6 +89,9 @@ if TYPE_CHECKING:
     from hookrun.engine.steps import batch_size as batch_size
     from hookrun.engine.swaps import SwapStack as SwapStack
     from hookrun.engine.swaps import swap_stack as swap_stack
+    from hookrun.engine.workdir import URL as URL
+    from hookrun.engine.workdir import location as location
+    from hookrun.engine.workdir import url_problem as url_problem
     from hookrun.errors import CheckpointError as CheckpointError
     from hookrun.errors import CheckpointMismatchError as CheckpointMismatchError
     from hookrun.errors import ConfigError as ConfigError

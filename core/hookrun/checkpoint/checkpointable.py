@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from hookrun.engine.position import LoopPosition, ValidationSchedule
+    from hookrun.engine.workdir import URL
 
 
 class Checkpointable(Protocol):
@@ -23,9 +24,9 @@ class Checkpointable(Protocol):
 
     position: LoopPosition
     """Where the run is; a resume sets it."""
-    resumed_from: Path | None
+    resumed_from: Path | URL | None
     """The checkpoint the run continued from; a resume sets it."""
-    checkpoint_dir: Path
+    checkpoint_dir: Path | URL
     """The run's checkpoint folder: where ``resume="auto"`` looks."""
     optimizers: dict[str, Any]
     """The optimizers by name (``"main"`` when there is one)."""

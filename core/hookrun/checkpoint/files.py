@@ -2,11 +2,17 @@
 
 Every value is something ``torch.load(path, weights_only=True)`` accepts, so loading never
 needs (and never falls back to) unpickling arbitrary objects.
+
+A checkpoint location is a local ``Path`` or a :class:`~hookrun.engine.workdir.URL` of an
+fsspec file system (``s3://``, ``gs://``, ``memory://``). Local files keep the atomic write
+(temporary file, fsync, rename); an object is uploaded whole under its final name in one
+request, which an object store shows only once complete: there is no rename to make it so.
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import os
 import pickle
 import random
@@ -23,7 +29,7 @@ from typing import Any
 
 import torch
 
-from hookrun.engine.workdir import file_kind, open_regular, record_created
+from hookrun.engine.workdir import URL, file_kind, location, open_regular, record_created
 from hookrun.errors import CheckpointError, CheckpointMismatchError
 
 FORMAT = "hookrun/1"
@@ -107,21 +113,32 @@ def _create_temp(path: Path) -> tuple[int, Path]:
     raise FileExistsError(f"no free temporary name beside {path}")
 
 
-def write(state: dict[str, Any], path: str | Path) -> Path:
-    """Check that ``state`` will load with ``weights_only=True``, then write it atomically.
+def write(state: dict[str, Any], path: str | Path | URL) -> Path | URL:
+    """Check that ``state`` will load with ``weights_only=True``, then write it atomically:
+    a local file through a renamed temporary file, an object in one whole upload.
 
     Failures raise :class:`CheckpointError` naming the file and, for an I/O error, the
     operating system's reason (``No space left on device``); the previous file is intact.
     A ``KeyboardInterrupt`` during the write is raised as such, the previous file intact.
     """
-    path = Path(path)
+    path = location(path)
     problem = unsafe_value(state)
     if problem:
         raise CheckpointError(f"cannot save {path}: {problem}")
     try:
+        if isinstance(path, URL):
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            path.write_bytes(buffer.getvalue())
+            return path
         return atomic_save(state, path)
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from exc
+    except Exception as exc:
+        if not isinstance(path, URL):
+            raise
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise CheckpointError(f"cannot write checkpoint {path}: {text}") from exc
 
 
 SHARDED_STATE_FILE = "state.pt"
@@ -141,18 +158,24 @@ def checkpoint_state_file(path: str | Path) -> Path:
     return file
 
 
-def remove_checkpoint(path: str | Path) -> None:
+def remove_checkpoint(path: str | Path | URL) -> None:
     """Delete a checkpoint file or a sharded checkpoint folder (nothing when it is gone)."""
-    path = Path(path)
-    if path.is_dir() and not path.is_symlink():
+    path = location(path)
+    if isinstance(path, URL):
+        path.unlink(missing_ok=True)
+    elif path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
 
 
-def atomic_write_text(text: str, path: str | Path) -> None:
+def atomic_write_text(text: str, path: str | Path | URL) -> None:
     """Replace a small text file (a pointer such as ``latest``) atomically."""
-    _atomic(path, lambda f: f.write(text.encode("utf-8")))
+    path = location(path)
+    if isinstance(path, URL):
+        path.write_bytes(text.encode("utf-8"))
+    else:
+        _atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def fsync_dir(folder: Path) -> None:
@@ -176,7 +199,7 @@ def not_regular(path: str | Path) -> str | None:
     return None if stat.S_ISREG(mode) else file_kind(mode)
 
 
-def load(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+def load(path: str | Path | URL, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True``; anything else is refused. ``mmap``
     maps the tensors instead of reading them (to look at a position or check a fit).
 
@@ -185,8 +208,10 @@ def load(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dic
     class, a ``__reduce__`` payload) or is not a ``hookrun/1`` dict raises
     :class:`CheckpointMismatchError` with one line: ``cannot load checkpoint PATH: REASON``
     (torch's multi-line advice condensed to its gist). Every checkpoint hookrun reads goes
-    through here.
+    through here. An object of a :class:`URL` is read whole (``mmap`` does not apply).
     """
+    if isinstance(path, URL):
+        return _load_object(path, map_location)
     try:
         with open_regular(path) as f, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the reason says it
@@ -198,6 +223,29 @@ def load(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dic
             checkpoint = torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:
         raise _unloadable(path, load_error_reason(exc, path)) from exc
+    return _checked(checkpoint, path)
+
+
+def _load_object(url: URL, map_location: Any) -> dict[str, Any]:
+    """:func:`load` for an object of an fsspec file system: read whole, then loaded."""
+    try:
+        data = url.read_bytes()
+    except FileNotFoundError as exc:
+        raise _unloadable(url, "not found") from exc
+    if not data:
+        raise _unloadable(url, "the file is empty (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            buffer = io.BytesIO(data)
+            checkpoint = torch.load(buffer, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise _unloadable(url, load_error_reason(exc, url, len(data))) from exc
+    return _checked(checkpoint, url)
+
+
+def _checked(checkpoint: Any, path: str | Path | URL) -> dict[str, Any]:
+    """``checkpoint`` when it is a ``hookrun/1`` dict, else why not (one line)."""
     if not isinstance(checkpoint, dict):
         kind = type(checkpoint).__name__
         raise _unloadable(path, f"not a hookrun checkpoint (it holds a {kind}, not a dict)")
@@ -209,7 +257,7 @@ def load(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dic
     return checkpoint
 
 
-def _unloadable(path: str | Path, reason: str) -> CheckpointMismatchError:
+def _unloadable(path: str | Path | URL, reason: str) -> CheckpointMismatchError:
     return CheckpointMismatchError(
         f"cannot load checkpoint {path}: {reason}", path=path, reason=reason
     )
@@ -223,8 +271,9 @@ _WEIGHTS_ONLY_NOISE = (
 )
 
 
-def load_error_reason(exc: BaseException, path: str | Path) -> str:
-    """One line for an exception of ``torch.load``: what is wrong with the file."""
+def load_error_reason(exc: BaseException, path: str | Path | URL, size: int | None = None) -> str:
+    """One line for an exception of ``torch.load``: what is wrong with the file (of ``size``
+    bytes, looked up when not given)."""
     if isinstance(exc, pickle.UnpicklingError) and "Weights only load failed" in str(exc):
         lines = [line.strip() for line in str(exc).splitlines()]
         gist = [
@@ -236,10 +285,11 @@ def load_error_reason(exc: BaseException, path: str | Path) -> str:
         return f"not a hookrun checkpoint (weights_only load refused: {_short(' '.join(gist))})"
     if isinstance(exc, OSError) and exc.errno != errno.EINVAL:  # not found, no permission
         return exc.strerror or _short(str(exc)) or type(exc).__name__
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        size = -1
+    if size is None:
+        try:
+            size = os.path.getsize(str(path))
+        except OSError:
+            size = -1
     if size == 0:
         return "the file is empty (0 bytes)"
     if isinstance(exc, EOFError):
@@ -264,7 +314,7 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def candidates(folder: Path, report: Callable[[str], None] | None = None) -> list[Path]:
+def candidates(folder: Path | URL, report: Callable[[str], None] | None = None) -> list[Path | URL]:
     """Checkpoint files (``*.pt``) and sharded checkpoint folders (named the same way) in
     ``folder``, newest first.
 
@@ -273,11 +323,13 @@ def candidates(folder: Path, report: Callable[[str], None] | None = None) -> lis
     ``latest`` is trusted with nothing: unless it holds one plain file name (no ``/``,
     ``\\`` or ``..``) of a ``*.pt`` file of the folder it is ignored, and ``report`` says why.
     Anything else named ``*.pt`` (a FIFO, a device, a link to one) is skipped, and ``report``
-    names it and what it is.
+    names it and what it is. On an object store the modification time is the upload's.
     """
+    if isinstance(folder, URL):
+        return _object_candidates(folder, report)
     if not folder.is_dir():
         return []
-    files = []
+    files: list[Path] = []
     for path in folder.glob("*.pt"):
         problem = None if path.is_dir() else not_regular(path)  # dirs: sharded checkpoints
         if problem is None and os.path.exists(path):
@@ -285,6 +337,22 @@ def candidates(folder: Path, report: Callable[[str], None] | None = None) -> lis
         elif problem is not None and report is not None:
             report(f"skipping {path}: {problem}")
     files.sort(key=lambda p: (p.stat().st_mtime_ns, _natural(p.name)), reverse=True)
+    newest: list[Path | URL] = [*files]
+    return _latest_first(folder, newest, report)
+
+
+def _object_candidates(folder: URL, report: Callable[[str], None] | None) -> list[Path | URL]:
+    """:func:`candidates` of a folder on an fsspec file system (objects only: no FIFOs)."""
+    found = [entry for entry in folder.iterdir() if entry.suffix == ".pt" and entry.is_file()]
+    found.sort(key=lambda entry: (entry.mtime(), _natural(entry.name)), reverse=True)
+    files: list[Path | URL] = [*found]
+    return _latest_first(folder, files, report)
+
+
+def _latest_first(
+    folder: Path | URL, files: list[Path | URL], report: Callable[[str], None] | None
+) -> list[Path | URL]:
+    """``files`` with the one the ``latest`` pointer names first (the pointer checked)."""
     pointer = folder / "latest"
     if pointer.is_file():
         named, problem = _pointer_name(pointer)
@@ -296,17 +364,20 @@ def candidates(folder: Path, report: Callable[[str], None] | None = None) -> lis
     return files
 
 
-def pointed(folder: Path) -> str | None:
+def pointed(folder: Path | URL) -> str | None:
     """The plain file name the ``latest`` pointer of ``folder`` holds, if it holds one."""
     pointer = folder / "latest"
     return _pointer_name(pointer)[0] if pointer.is_file() else None
 
 
-def _pointer_name(pointer: Path) -> tuple[str | None, str]:
+def _pointer_name(pointer: Path | URL) -> tuple[str | None, str]:
     """The plain file name ``pointer`` holds, or None and why not."""
     try:
-        with open_regular(pointer) as f:
-            raw = f.read(4097)
+        if isinstance(pointer, URL):
+            raw = pointer.read_bytes()[:4097]
+        else:
+            with open_regular(pointer) as f:
+                raw = f.read(4097)
     except OSError as exc:
         return None, f"cannot be read ({exc.strerror or exc})"
     if len(raw) > 4096:

@@ -26,7 +26,8 @@ from hookrun.distributed import collectives, process_group
 from hookrun.engine import workdir
 from hookrun.engine.optimizer_step import SINGLE
 from hookrun.engine.position import LoopPosition, Phase
-from hookrun.errors import CheckpointError, CheckpointMismatchError, ConfigError
+from hookrun.engine.workdir import URL, location
+from hookrun.errors import CheckpointError, CheckpointMismatchError, ConfigError, HookrunError
 from hookrun.writers import restore_writer_states, writer_states
 
 
@@ -183,22 +184,30 @@ def _restore_plugins(runner: Checkpointable, saved: dict[str, Any]) -> None:
             ) from exc
 
 
-def load(path: Path, mmap: bool = False) -> dict[str, Any]:
-    """A checkpoint file (its tensors memory-mapped with ``mmap``, to check a fit), or a
-    sharded checkpoint folder (:func:`hookrun.checkpoint.sharded.load`)."""
-    if path.is_dir():
+def load(path: Path | URL, mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint file (its tensors memory-mapped with ``mmap``, to check a fit), an
+    object of an fsspec file system, or a sharded checkpoint folder
+    (:func:`hookrun.checkpoint.sharded.load`)."""
+    if isinstance(path, Path) and path.is_dir():
         return _sharded().load(path)
     checkpoint = ckpt_io.load(path, mmap=mmap)
     checkpoint.pop("sharded", None)  # the folder's path, set by its loader: never a file's word
     return checkpoint
 
 
-def write(runner: Checkpointable, state: dict[str, Any], path: Path) -> Path:
-    """Write ``state`` as a file (this process), or under FSDP as a sharded folder (every
-    rank calls this)."""
+def write(runner: Checkpointable, state: dict[str, Any], path: Path | URL) -> Path | URL:
+    """Write ``state`` as a file or object (this process), or under FSDP as a sharded folder
+    (every rank calls this)."""
     if runner.strategy == "fsdp":
+        if isinstance(path, URL):  # check_start refuses this before training
+            raise CheckpointError(f"cannot write sharded checkpoint {path}: {SHARDED_LOCAL}")
         return _sharded().write(state, path)
     return ckpt_io.write(state, path)
+
+
+SHARDED_LOCAL = (
+    "FSDP checkpoints are folders every rank writes together; give a local or shared folder"
+)
 
 
 def _sharded() -> Any:
@@ -209,17 +218,20 @@ def _sharded() -> Any:
     return sharded
 
 
-def check_start(runner: Checkpointable, resume: str | Path | None) -> list[Path]:
+def check_start(runner: Checkpointable, resume: str | Path | URL | None) -> list[Path]:
     """Every check that can refuse ``runner.train(resume)``, run before anything of the run
     is written (the CLI asks before it writes ``config.yaml``, ``Runner.train`` before its
     writers open): a train loader without batches; without ``resume``, a work dir that
     holds a run (:func:`check_unused`, in the default checkpoint folder and the run's); an
     explicit checkpoint that does not fit; under ``"auto"``, checkpoints of which none can
-    continue the run. Returns the leftovers of a start that never completed an iteration
-    (for :func:`hookrun.engine.workdir.start_over`). Changes nothing."""
+    continue the run; a checkpoint URL whose storage does not answer, or one under FSDP.
+    Returns the leftovers of a start that never completed an iteration (for
+    :func:`hookrun.engine.workdir.start_over`). Changes nothing."""
     loader = runner.train_loader
     if loader is not None and loader.length == 0:
         raise ConfigError("train_dataloader: yields no batches")
+    if runner.strategy == "fsdp" and isinstance(runner.checkpoint_dir, URL):
+        raise ConfigError(f"plugins.checkpoint.out_dir: {runner.checkpoint_dir}: {SHARDED_LOCAL}")
     if resume is None:
         folders = [runner.work_dir / workdir.CHECKPOINTS, runner.checkpoint_dir]
         return check_unused(runner.work_dir, folders)
@@ -229,12 +241,12 @@ def check_start(runner: Checkpointable, resume: str | Path | None) -> list[Path]
             return []
         survey.raise_when_refused()
     else:
-        check_fit(runner, Path(resume), resume=True, mmap=True)
+        check_fit(runner, location(resume), resume=True, mmap=True)
     return []
 
 
 def check_fit(
-    runner: Checkpointable, path: Path, resume: bool, mmap: bool = False
+    runner: Checkpointable, path: Path | URL, resume: bool, mmap: bool = False
 ) -> dict[str, Any]:
     """The checkpoint at ``path`` (a file or a sharded folder), loaded (its tensors mapped
     with ``mmap``) and found to fit ``runner``; changes nothing."""
@@ -250,7 +262,7 @@ def check_fit(
     return checkpoint
 
 
-def load_into(runner: Checkpointable, path: Path, resume: bool) -> dict[str, Any]:
+def load_into(runner: Checkpointable, path: Path | URL, resume: bool) -> dict[str, Any]:
     """Load ``path`` and restore it into ``runner`` (weights only unless ``resume``).
 
     A file that is missing, cannot be loaded or does not fit the run raises
@@ -272,7 +284,7 @@ def load_into(runner: Checkpointable, path: Path, resume: bool) -> dict[str, Any
     return checkpoint
 
 
-def resume(runner: Checkpointable, resume: str | Path) -> None:
+def resume(runner: Checkpointable, resume: str | Path | URL) -> None:
     """Continue from ``resume``: a path, or "auto" (see :func:`resume_auto`). Under
     torch.distributed a checkpoint refused on any rank stops every rank, and the ranks
     check that they all continue from the same checkpoint."""
@@ -280,7 +292,7 @@ def resume(runner: Checkpointable, resume: str | Path) -> None:
         if str(resume) == "auto":
             resume_auto(runner)
         else:
-            path = Path(resume)
+            path = location(resume)
             load_into(runner, path, resume=True)
             runner.resumed_from = path
             runner.info(f"resumed from {path} at iteration {runner.position.iter}")
@@ -291,7 +303,7 @@ def resume(runner: Checkpointable, resume: str | Path) -> None:
             raise CheckpointMismatchError(problem, reason=problem)
 
 
-def resume_auto(runner: Checkpointable) -> Path | None:
+def resume_auto(runner: Checkpointable) -> Path | URL | None:
     """Restore the newest checkpoint of ``runner.checkpoint_dir`` that loads and fits.
 
     Candidates go newest first, the file the ``latest`` pointer names (a plain name of the
@@ -335,9 +347,9 @@ class _Survey:
     are not finite."""
 
     def __init__(self) -> None:
-        self.refused: list[tuple[Path, str]] = []
-        self.not_finite: list[Path] = []
-        self.folder = Path()
+        self.refused: list[tuple[Path | URL, str]] = []
+        self.not_finite: list[Path | URL] = []
+        self.folder: Path | URL = Path()
 
     def raise_when_refused(self) -> None:
         """Refuse to start fresh over checkpoints that exist (none of them could continue)."""
@@ -364,7 +376,7 @@ def resume_candidates(
     runner: Checkpointable,
     survey: _Survey | None = None,
     report: Callable[[str], None] | None = None,
-) -> Iterator[tuple[Path, dict[str, Any]]]:
+) -> Iterator[tuple[Path | URL, dict[str, Any]]]:
     """What ``resume="auto"`` may continue from, in the order it tries them: the checkpoints
     of ``runner.checkpoint_dir`` that load, fit the run and hold finite weights, newest first
     (:func:`hookrun.checkpoint.files.candidates`), loaded (tensors mapped when there is no
@@ -373,6 +385,8 @@ def resume_candidates(
     folder = runner.checkpoint_dir
     survey = survey if survey is not None else _Survey()
     survey.folder = folder
+    if isinstance(folder, URL):
+        folder.check()  # an unreachable store is no "no checkpoint yet"
     for path in ckpt_io.candidates(folder, report):
         try:
             checkpoint = load(path, mmap=report is None)
@@ -396,7 +410,9 @@ def resume_candidates(
             report(f"skipping checkpoint {path}: {reason}")
 
 
-def _restore(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool, path: Path) -> None:
+def _restore(
+    runner: Checkpointable, checkpoint: dict[str, Any], resume: bool, path: Path | URL
+) -> None:
     """:func:`restore`, then ``after_load_checkpoint``. A failure that the fit check did
     not foresee (a module's own ``_load_from_state_dict`` refusing) is one line naming the
     file; the runner may then be partly restored, so ``auto`` stops there too."""
@@ -426,21 +442,37 @@ def _version() -> str:
 # -- what a work dir's checkpoints say -------------------------------------------------------
 
 
-def check_unused(work_dir: Path, folders: Iterable[Path]) -> list[Path]:
+def check_unused(work_dir: Path, folders: Iterable[Path | URL]) -> list[Path]:
     """Refuse ``work_dir`` when it holds a run that trained (its logs, or the checkpoints of
     ``folders``), so that a start without a resume never trains over one: the one rule of
-    ``hookrun train`` and ``Runner.train``. Else the leftovers of a start that never
-    completed an iteration (:func:`hookrun.engine.workdir.refuse_trained`). Changes nothing."""
-    return workdir.refuse_trained(work_dir, checkpoint_leftovers(folders))
+    ``hookrun train`` and ``Runner.train``. A checkpoint URL that holds anything is refused
+    from any work dir (a new machine's work dir is new; the store's run is not). Else the
+    leftovers of a start that never completed an iteration
+    (:func:`hookrun.engine.workdir.refuse_trained`). Changes nothing."""
+    folders = list(folders)
+    found = checkpoint_leftovers(folders)
+    for folder in folders:
+        if isinstance(folder, URL) and any(
+            entry.suffix == ".pt" or entry.name == "latest" for entry in folder.iterdir()
+        ):
+            raise HookrunError(
+                f"{folder} already holds checkpoints; continue that run with `--resume auto`, "
+                "or give plugins.checkpoint.out_dir another URL"
+            )
+    return workdir.refuse_trained(work_dir, found)
 
 
-def checkpoint_leftovers(folders: Iterable[Path]) -> list[Path] | None:
+def checkpoint_leftovers(folders: Iterable[Path | URL]) -> list[Path] | None:
     """The files of ``folders`` that a run which never completed an iteration leaves (the
     ``latest`` pointer and checkpoints at iteration 0: an emergency save of a first
     iteration that failed); None when a folder holds anything else, or a file that cannot
-    be judged."""
+    be judged. A URL's storage is asked first whether it answers (:meth:`URL.check`); it
+    leaves nothing to remove."""
     found: list[Path] = []
     for folder in dict.fromkeys(folders):
+        if isinstance(folder, URL):
+            folder.check()
+            continue
         if not folder.is_dir():
             continue
         for entry in sorted(folder.iterdir()):

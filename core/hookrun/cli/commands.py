@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -28,6 +28,9 @@ from hookrun.cli.console import (
 )
 from hookrun.distributed.cluster import rank_prefix
 from hookrun.errors import CheckpointError, HookrunError
+
+if TYPE_CHECKING:
+    from hookrun.engine.workdir import URL
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -325,7 +328,7 @@ def _evaluate(
     print_summary(runner, loaded, val, test)
 
 
-def _latest(runner: Any) -> Path:
+def _latest(runner: Any) -> Path | URL:
     """The checkpoint ``--resume auto`` would take first: the ``latest`` pointer's file, else
     the newest in the run's checkpoint folder."""
     from hookrun.checkpoint import files as ckpt_io

@@ -4,7 +4,6 @@ must start fast); rich is imported where a summary is printed."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
@@ -59,7 +58,8 @@ def print_summary(
     ran = writer_names(loaded.runner["writers"])
     if "jsonl" in ran:
         lines.append(("JSONL log", str(work_dir / "log.jsonl")))
-    saved = sorted(p.name for p in Path(runner.checkpoint_dir).glob("*.pt"))
+    folder = runner.checkpoint_dir  # a Path, or the URL of an object store
+    saved = sorted(p.name for p in folder.iterdir() if p.suffix == ".pt") if folder.is_dir() else []
     if saved:
         lines.append(("checkpoints", f"{runner.checkpoint_dir} ({', '.join(saved)})"))
     if "tensorboard" in ran:

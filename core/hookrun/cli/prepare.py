@@ -29,13 +29,14 @@ def load_everywhere(
     """
     from hookrun.config import file as cfg
     from hookrun.distributed.cluster import env_world_size
+    from hookrun.engine.workdir import location
 
     error: HookrunError | None = None
     loaded = None
     try:
         loaded = cfg.load(config, overrides, work_dir)
         for option, path in files.items():
-            if not Path(path).exists():  # a file, or a sharded checkpoint's folder
+            if not location(path).exists():  # a file, a sharded folder, or a URL's object
                 raise HookrunError(f"{option}: file not found: {path}")
     except HookrunError as exc:
         if env_world_size() == 1:

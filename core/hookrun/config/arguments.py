@@ -294,7 +294,9 @@ class RunnerArguments(BaseModel):
         path (YAML and the API do not expand it as a shell does)."""
         if not value.strip():
             raise ValueError("give a folder")
-        problem = path_problem(value)
+        from hookrun.engine.workdir import url_work_dir_problem
+
+        problem = url_work_dir_problem(value) or path_problem(value)
         if problem is None:
             value = os.path.expanduser(value)
             problem = path_problem(value)

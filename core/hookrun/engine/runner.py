@@ -36,6 +36,7 @@ from hookrun.engine.scalars import ScalarStore
 from hookrun.engine.steps import is_manual, to_device
 from hookrun.engine.stop_signals import DEFAULT_STOP_SIGNALS, StopSignals
 from hookrun.engine.train_loop import TrainLoop
+from hookrun.engine.workdir import URL
 from hookrun.errors import CheckpointError, ConfigError
 from hookrun.hooks.manager import PluginManager
 from hookrun.hooks.stats import HookStats
@@ -220,7 +221,7 @@ class Runner:
         self.position = LoopPosition()
         self.stop_training = False
         self.mode = "idle"
-        self.resumed_from: Path | None = None
+        self.resumed_from: Path | URL | None = None
         self.last_metrics: dict[str, dict[str, float]] = {}
         self.manager.drop_unused(self)
         self.optimizer_step = OptimizerStep(
@@ -488,16 +489,16 @@ class Runner:
         """Whether checkpoints are folders written by every rank together (FSDP)."""
         return self.strategy == "fsdp"
 
-    def write_checkpoint(self, state: dict[str, Any], path: str | Path) -> Path:
+    def write_checkpoint(self, state: dict[str, Any], path: str | Path | URL) -> Path | URL:
         """Write a collected state atomically to ``path`` (this process only; values are
         checked to load with ``weights_only=True``); with :attr:`sharded_checkpoints` a
         folder, and every rank calls this."""
-        return run_state.write(self, state, Path(path))
+        return run_state.write(self, state, workdir.location(path))
 
-    def save_checkpoint(self, path: str | Path, save_optimizer: bool = True) -> Path:
+    def save_checkpoint(self, path: str | Path | URL, save_optimizer: bool = True) -> Path | URL:
         """Write a checkpoint atomically (rank 0 writes, every rank waits for it; under FSDP
         every rank writes its shards)."""
-        path = Path(path)
+        path = workdir.location(path)
         state = self.checkpoint_state(save_optimizer)
         if self.sharded_checkpoints:
             return run_state.write(self, state, path)
@@ -513,9 +514,14 @@ class Runner:
             raise error
         return path
 
-    def load_checkpoint(self, path: str | Path, resume: bool = True) -> dict[str, Any]:
+    @property
+    def _local_checkpoint_dir(self) -> Path | None:
+        """The checkpoint folder for trackers that upload from it: local folders only."""
+        return self.checkpoint_dir if isinstance(self.checkpoint_dir, Path) else None
+
+    def load_checkpoint(self, path: str | Path | URL, resume: bool = True) -> dict[str, Any]:
         """Load weights (``resume=False``) or the whole training state (``resume=True``)."""
-        return run_state.load_into(self, Path(path), resume)
+        return run_state.load_into(self, workdir.location(path), resume)
 
     # -- loops ---------------------------------------------------------------------------
 
@@ -529,7 +535,7 @@ class Runner:
             # the states of this Runner's previous pass: a test pass continues the tracker run
             states = getattr(self, "_writer_states", {})
             self.writers = open_writers(
-                self._writer_classes, self.work_dir, states, self.checkpoint_dir
+                self._writer_classes, self.work_dir, states, self._local_checkpoint_dir
             )
             config = {**self.config, "active_plugins": self._plugin_rows()}
             for writer in self.writers:

@@ -11,6 +11,7 @@ import pluggy
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
+    from hookrun.engine.workdir import URL
     from hookrun.hooks.protocol import RunnerProtocol
 
 hookimpl = pluggy.HookimplMarker("hookrun")
@@ -92,11 +93,12 @@ class Plugin(Generic[SettingsT]):
         how the plugin lays out its state."""
         return None
 
-    def checkpoint_dir(self, work_dir: Path) -> Path | None:
-        """The folder this plugin writes the run's checkpoints to, or None (the default: it
-        writes none). The first plugin that names one sets ``runner.checkpoint_dir``, where
-        ``resume="auto"`` looks; a new run refuses a work dir whose checkpoints show it
-        trained. Asked before the run starts (before the task is built), from the settings."""
+    def checkpoint_dir(self, work_dir: Path) -> Path | URL | None:
+        """The folder (or fsspec URL) this plugin writes the run's checkpoints to, or None
+        (the default: it writes none). The first plugin that names one sets
+        ``runner.checkpoint_dir``, where ``resume="auto"`` looks; a new run refuses a work
+        dir whose checkpoints show it trained. Asked before the run starts (before the task
+        is built), from the settings."""
         return None
 
     def __repr__(self) -> str:

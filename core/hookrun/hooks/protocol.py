@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from hookrun.engine.clock import IterationClock
     from hookrun.engine.position import LoopPosition, ValidationSchedule
     from hookrun.engine.scalars import ScalarStore
+    from hookrun.engine.workdir import URL
     from hookrun.hooks.stats import HookStats
     from hookrun.writers import Writer
 
@@ -249,12 +250,12 @@ class RunnerProtocol(Protocol):
     def work_dir(self) -> Path:
         """The run's folder."""
 
-    checkpoint_dir: Path
+    checkpoint_dir: Path | URL
     """Where checkpoints go and ``resume="auto"`` looks: the folder a plugin declares
     (:meth:`Plugin.checkpoint_dir`), else ``<work_dir>/checkpoints``."""
 
     @property
-    def resumed_from(self) -> Path | None:
+    def resumed_from(self) -> Path | URL | None:
         """The checkpoint this run resumed from, if any."""
 
     # -- checkpoints and random state ------------------------------------------------------
@@ -262,11 +263,11 @@ class RunnerProtocol(Protocol):
     def checkpoint_state(self, save_optimizer: bool = True) -> dict[str, Any]:
         """The full state a checkpoint holds, after ``before_save_checkpoint`` edited it."""
 
-    def write_checkpoint(self, state: dict[str, Any], path: str | Path) -> Path:
+    def write_checkpoint(self, state: dict[str, Any], path: str | Path | URL) -> Path | URL:
         """Write a collected state atomically to ``path`` from this process (with
         :attr:`sharded_checkpoints`, a folder, every rank calling this together)."""
 
-    def save_checkpoint(self, path: str | Path, save_optimizer: bool = True) -> Path:
+    def save_checkpoint(self, path: str | Path | URL, save_optimizer: bool = True) -> Path | URL:
         """Collect and write a checkpoint (rank 0 writes, every rank waits; every rank
         writes its shards with :attr:`sharded_checkpoints`)."""
 

@@ -83,7 +83,8 @@ def check_state_round_trip(name: str, tmp_path: str | Path) -> None:
     if not (hasattr(cls, "state_dict") and hasattr(cls, "load_state_dict")):
         pytest.skip(f"{name} keeps no state")
     runner = _train_alone(name, Path(tmp_path))
-    path = runner.save_checkpoint(Path(tmp_path) / "conformance.pt")
+    path = Path(tmp_path) / "conformance.pt"
+    runner.save_checkpoint(path)
     saved = torch.load(path, weights_only=True)["plugins"][name]
     fresh: Any = cls(cls.Settings())  # state_dict/load_state_dict are optional, so untyped
     fresh.load_state_dict(saved)

@@ -26,11 +26,11 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hookrun import (
+    URL,
     CheckpointError,
     ConfigError,
     HookrunError,
@@ -40,6 +40,7 @@ from hookrun import (
     all_gather_object,
     barrier,
     hookimpl,
+    location,
     resolve_rule,
 )
 from hookrun_checkpoint.background import BackgroundWriter, HostCopy
@@ -55,7 +56,14 @@ from hookrun_checkpoint.ledger import (
     survey,
 )
 from hookrun_checkpoint.settings import CheckpointSettings
-from hookrun_checkpoint.storage import PARTIAL, TEMP, LocalStorage, Storage
+from hookrun_checkpoint.storage import (
+    PARTIAL,
+    TEMP,
+    FsspecStorage,
+    LocalStorage,
+    Storage,
+    Writer,
+)
 
 __all__ = ["Checkpoint", "CheckpointSettings", "HostCopy"]
 
@@ -101,15 +109,21 @@ class Checkpoint(Plugin[CheckpointSettings]):
         plugin's own kinds; what is dropped is named in ``before_train``."""
         self.ledger, self.ignored = read_bookkeeping(state)
 
-    def checkpoint_dir(self, work_dir: Path) -> Path | None:
-        """``out_dir`` (inside ``work_dir`` when relative); None keeps the run's default."""
-        return work_dir / self.settings.out_dir if self.settings.out_dir else None
+    def checkpoint_dir(self, work_dir: Path) -> Path | URL | None:
+        """``out_dir``: a URL as it is, a path inside ``work_dir`` when relative; None keeps
+        the run's default."""
+        out_dir = self.settings.out_dir
+        if not out_dir:
+            return None
+        folder = location(out_dir)
+        return folder if isinstance(folder, URL) else work_dir / folder
 
     # -- hooks ---------------------------------------------------------------------------
 
     @hookimpl
     def before_run(self, runner: RunnerProtocol) -> None:
-        self.storage = LocalStorage(runner.checkpoint_dir)
+        folder = runner.checkpoint_dir
+        self.storage = FsspecStorage(folder) if isinstance(folder, URL) else LocalStorage(folder)
         if runner.mode != "train":
             return
         self.training = self.stopped = False
@@ -215,7 +229,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
                 runner.info(f"checkpoint: new best {scores}")
 
     @hookimpl
-    def save_on_stop(self, runner: RunnerProtocol) -> Path:
+    def save_on_stop(self, runner: RunnerProtocol) -> Path | URL:
         """The stop signal's checkpoint, named by its position like a periodic one; when the
         last file saved holds this very position (a signal during the validation that
         followed it), that file is the answer and nothing is written again."""
@@ -372,7 +386,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
 def _write(
     storage: Storage,
-    write: Callable[[dict[str, Any], Path], Path],
+    write: Writer,
     state: dict[str, Any],
     names: list[str],
     delete: list[str],

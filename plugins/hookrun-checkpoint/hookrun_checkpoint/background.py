@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hookrun import CheckpointError
+from hookrun import URL, CheckpointError
 
 
 class BackgroundWriter:
@@ -21,7 +21,7 @@ class BackgroundWriter:
         self.error: BaseException | None = None
         self.host = HostCopy()
 
-    def submit(self, job: Callable[[], None], path: Path) -> None:
+    def submit(self, job: Callable[[], None], path: Path | URL) -> None:
         self.wait()
 
         def run() -> None:

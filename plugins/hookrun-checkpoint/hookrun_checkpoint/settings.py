@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from hookrun import PluginSettings, resolve_rule
+from hookrun import PluginSettings, resolve_rule, url_problem
 
 
 class CheckpointSettings(PluginSettings):
@@ -65,7 +65,9 @@ class CheckpointSettings(PluginSettings):
         None,
         min_length=1,
         description="Folder of the checkpoints; relative paths are inside `work_dir`. Default "
-        "`<work_dir>/checkpoints`. `resume: auto` looks here.",
+        "`<work_dir>/checkpoints`. `resume: auto` looks here. An fsspec URL (`s3://bucket/run`, "
+        "`gs://...`, `memory://...`, `file://...`) puts them on that storage: "
+        "docs/checkpoint-storage.md.",
     )
     save_on_exception: bool = Field(
         True,
@@ -88,6 +90,15 @@ class CheckpointSettings(PluginSettings):
             raise ValueError("metric names must not be empty")
         if isinstance(value, list) and "auto" in value and len(value) > 1:
             raise ValueError("'auto' stands alone, not in a list of names")
+        return value
+
+    @field_validator("out_dir")
+    @classmethod
+    def _check_storage(cls, value: str | None) -> str | None:
+        """A URL's protocol must be one fsspec knows, with its library installed."""
+        problem = url_problem(value) if value is not None else None
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("save_top_k")
