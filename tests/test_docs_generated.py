@@ -79,3 +79,15 @@ def test_check_names_a_stale_page_and_regenerating_restores_it(tmp_path):
     result = subprocess.run(check[:2], cwd=tmp_path, capture_output=True, text=True)
     assert (result.returncode, result.stdout) == (0, "docs/commands/train.md: regenerated\n")
     assert hashlib.sha256(page.read_bytes()).hexdigest() == good
+
+
+def test_a_settings_section_renders_every_setting_of_the_plugin():
+    """The kind a plugin page uses to hold its settings table in the file."""
+    from hookrun.hooks.discovery import installed_plugins
+
+    name = sorted(installed_plugins())[0]
+    page = generate.render(f"<!-- generated: settings {name} -->\n<!-- end generated -->\n")
+    assert page.startswith(f"<!-- generated: settings {name} -->\n\nPlugin `{name}` from")
+    assert page.endswith("|\n\n<!-- end generated -->\n")
+    for field in installed_plugins()[name].entry_point.load().Settings.model_fields:
+        assert f"| `{field}` |" in page
