@@ -14,6 +14,8 @@ KIND is one of:
   pydantic model (setting, type, default, constraints, description);
 - ``settings NAME``: installed plugin NAME's settings table, from its ``Settings``;
 - ``help [WORDS]``: ``hookrun WORDS --help`` as click prints it at 100 columns;
+- ``output ARGS``: ``hookrun ARGS`` run in the repository's root, with what it prints (a
+  command whose output depends only on the repository's files);
 - ``call-order``: the call order at every hook point of the installed plugins, as
   ``hookrun plugins list --load`` prints it.
 
@@ -30,6 +32,7 @@ It lives under ``docs/`` and is never imported by hookrun itself.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import re
@@ -60,6 +63,8 @@ def section(what: str) -> str:
         return settings_table(args)
     if kind == "help":
         return "```text\n" + cli_output([*args.split(), "--help"]) + "```\n"
+    if kind == "output":
+        return f"```text\n$ hookrun {args}\n" + cli_output(args.split()) + "```\n"
     if kind == "call-order":
         listing = cli_output(["plugins", "list", "--load"])
         return "```text\n" + listing[listing.index("hook point") :] + "```\n"
@@ -119,12 +124,14 @@ def on_page_content(html: str, page: Any = None, config: Any = None, files: Any 
 
 
 def cli_output(args: list[str]) -> str:
-    """``hookrun ARGS`` at a fixed width of 100 columns (the CLI's own maximum)."""
+    """``hookrun ARGS`` in the repository's root at a fixed width of 100 columns (the CLI's
+    own maximum), stdout and stderr as a terminal shows them."""
     from click.testing import CliRunner
 
     from hookrun.cli.commands import cli
 
-    result = CliRunner().invoke(cli, args, prog_name="hookrun", terminal_width=100)
+    with contextlib.chdir(DOCS.parent):
+        result = CliRunner().invoke(cli, args, prog_name="hookrun", terminal_width=100)
     if result.exit_code != 0:
         log.warning("hookrun %s failed: %s", " ".join(args), result.output)
     return result.output
