@@ -125,13 +125,18 @@ def on_page_content(html: str, page: Any = None, config: Any = None, files: Any 
 
 def cli_output(args: list[str]) -> str:
     """``hookrun ARGS`` in the repository's root at a fixed width of 100 columns (the CLI's
-    own maximum), stdout and stderr as a terminal shows them."""
+    own maximum), stdout and stderr as a terminal shows them. The folder a task file was
+    imported from leaves ``sys.path`` again (the generator runs inside tests and mkdocs)."""
     from click.testing import CliRunner
 
     from hookrun.cli.commands import cli
 
-    with contextlib.chdir(DOCS.parent):
-        result = CliRunner().invoke(cli, args, prog_name="hookrun", terminal_width=100)
+    path = list(sys.path)
+    try:
+        with contextlib.chdir(DOCS.parent):
+            result = CliRunner().invoke(cli, args, prog_name="hookrun", terminal_width=100)
+    finally:
+        sys.path[:] = path
     if result.exit_code != 0:
         log.warning("hookrun %s failed: %s", " ".join(args), result.output)
     return result.output
