@@ -52,11 +52,16 @@ def install_project(session: nox.Session, *extra: str) -> None:
     the machine sets PYTHONDONTWRITEBYTECODE, which an empty value turns off for the session
     (without bytecode every process would compile torch again)."""
     session.env["PYTHONDONTWRITEBYTECODE"] = ""
-    session.install(*CONSTRAINTS, "setuptools>=70")  # the build backend of every local package
+    session.log("installing setuptools, the build backend of every local package")
+    session.install(*CONSTRAINTS, "setuptools>=70")
     editables = ["-e", "."]
     for plugin in PLUGINS:
         editables += ["-e", str(plugin)]
     options = ["--no-build-isolation", "--no-compile"]
+    session.log(
+        f"installing hookrun and {len(PLUGINS)} plugins and writers (editable), the pinned torch"
+        " and the test dependencies: a minute or more, pip prints nothing until it is done"
+    )
     session.install(*options, *CONSTRAINTS, *editables, *TEST_DEPS, *extra)
 
 
