@@ -9,7 +9,7 @@ compiler settings, and reads checkpoints' ``_orig_mod.`` names as the plain ones
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
@@ -22,12 +22,27 @@ def prepare(model: nn.Module, compile: bool | Mapping[str, Any]) -> nn.Module:
     """The module to train: every ``torch.compile`` wrapper in ``model`` (the model itself
     or a submodule) replaced by the module it wraps, compiled in place with the wrapper's
     settings; with ``compile`` (True or ``torch.compile``'s options) the whole model
-    compiled in place (``module.compile()``), so its ``__call__`` runs compiled, also from
-    its own ``training_step``."""
+    compiled in place, so its ``__call__`` runs compiled, also from its own
+    ``training_step``."""
+    import torch
+
     model = _unwrapped(model)
     if compile is not False:
-        model.compile(**({} if compile is True else dict(compile)))
+        options = {} if compile is True else dict(compile)
+        _compile_in_place(model, lambda fn: torch.compile(fn, **options))
     return model
+
+
+def _compile_in_place(module: nn.Module, compiler: Callable[[Any], Any]) -> None:
+    """What ``module.compile()`` does, through a function of hookrun's: dynamo skips
+    ``_call_impl`` handed over itself when the forward is torch's own (``nn.Linear``,
+    ``nn.Sequential``) and would then compile nothing."""
+    call = module._call_impl
+
+    def call_impl(*args: Any, **kwargs: Any) -> Any:
+        return call(*args, **kwargs)
+
+    module._compiled_call_impl = compiler(call_impl)
 
 
 def _unwrapped(module: nn.Module) -> nn.Module:
@@ -35,8 +50,7 @@ def _unwrapped(module: nn.Module) -> nn.Module:
 
     if isinstance(module, OptimizedModule):
         wrapper, module = module, module._orig_mod
-        # what module.compile() does, with the context torch.compile built from its options
-        module._compiled_call_impl = wrapper.dynamo_ctx(module._call_impl)
+        _compile_in_place(module, wrapper.dynamo_ctx)  # the context torch.compile built
     for name, child in list(module.named_children()):
         plain = _unwrapped(child)
         if plain is not child:
