@@ -299,10 +299,8 @@ class RunnerArguments(BaseModel):
             known = [p for p in inspect.signature(torch.compile).parameters if p != "model"]
             for key in value:
                 if key not in known:
-                    raise ValueError(
-                        f"{key!r} is not an option of torch.compile{did_you_mean(key, known)} "
-                        f"(options: {', '.join(known)})"
-                    )
+                    hint = did_you_mean(key, known) or f" (options: {', '.join(known)})"
+                    raise ValueError(f"{key!r} is not an option of torch.compile{hint}")
         return value
 
     @field_validator("work_dir", "device", mode="before")
