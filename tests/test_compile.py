@@ -24,6 +24,7 @@ from hookrun.testing import (
     assert_same_checkpoint,
     load_checkpoint,
     run_cli,
+    run_ranks,
     toy_model,
     toy_runner_kwargs,
     write_toy_task,
@@ -228,3 +229,24 @@ def test_ema_and_precise_bn_on_a_compiled_model_match_eager(tmp_path, plugin, se
         ends.append(runner.checkpoint_dir / "epoch_2.pt")
     assert counters["stats"]["unique_graphs"] >= 1
     assert_same_checkpoint(*ends, min_tensors=5, plugins=[plugin] if plugin == "ema" else [])
+
+
+@pytest.mark.slow
+def test_ddp_runs_a_training_step_that_calls_self_compiled_or_not(tmp_path):
+    """Under DDP the wrapper's forward is routed to ``training_step``; its own ``self(x)``
+    reaches the (compiled) forward. Eager backend: both runs end with the same weights."""
+    job = Path(__file__).parent / "jobs" / "compile_job.py"
+    ends = []
+    for name, flag in (("plain", ()), ("compiled", ("--compile",))):
+        outputs = run_ranks(job, tmp_path / name, *flag)
+        graphs = [
+            int(line.split()[1])
+            for out in outputs
+            for line in out.splitlines()
+            if line.startswith("graphs ")
+        ]
+        assert len(graphs) == 2 and all((g >= 1) == bool(flag) for g in graphs), outputs
+        ends.append(torch.load(tmp_path / name / "weights.pt", weights_only=True))
+    assert ends[0].keys() == ends[1].keys() == Net().state_dict().keys()
+    for key in ends[0]:
+        assert torch.equal(ends[0][key], ends[1][key]), key
