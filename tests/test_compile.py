@@ -117,6 +117,18 @@ def test_a_torch_compile_wrapper_trains_compiled_under_plain_names(tmp_path):
     assert model_keys(runner.checkpoint_dir / "epoch_2.pt") == list(Net().state_dict())
 
 
+def test_a_wrapped_submodule_is_unwrapped_and_stays_compiled(tmp_path):
+    backend = CountingBackend()
+    model = net()
+    inner = model.net
+    model.net = torch.compile(inner, backend=backend)  # as a script compiles one part
+    runner = Runner(**kwargs(tmp_path, model))
+    assert runner.unwrapped_model.net is inner
+    runner.train()
+    assert backend.runs == 6
+    assert model_keys(runner.checkpoint_dir / "epoch_2.pt") == list(Net().state_dict())
+
+
 def test_compile_true_from_a_config_file_keeps_plain_names(tmp_path, capsys):
     config = write_toy_task(
         tmp_path,
