@@ -20,6 +20,7 @@ from torch._dynamo.utils import counters
 from _support import run
 from hookrun import Runner
 from hookrun.checkpoint.export import export
+from hookrun.errors import ConfigError
 from hookrun.testing import (
     assert_same_checkpoint,
     load_checkpoint,
@@ -159,7 +160,7 @@ def test_an_unknown_compile_option_is_one_line_exit_2_nothing_written(tmp_path):
 
 
 def test_the_runner_refuses_an_unknown_compile_option(tmp_path):
-    with pytest.raises(Exception, match=r"runner\.compile: 'mod' is not an option"):
+    with pytest.raises(ConfigError, match=r"^runner\.compile: 'mod' is not an option"):
         Runner(**kwargs(tmp_path, net(), compile={"mod": "reduce-overhead"}))
     assert not (tmp_path / "run").exists()
 
@@ -180,6 +181,9 @@ def reference(tmp_path: Path) -> Path:
 
 
 def test_orig_mod_checkpoint_resumes_into_a_plain_model_bit_identical(tmp_path, capsys):
+    """A torch.compile(model) user's first epoch (``eager`` backend), its checkpoint's names
+    as the wrapper's state dict has them, resumed by a plain model: one notice line, and
+    the end is the uninterrupted eager run's bit for bit."""
     first = Runner(**kwargs(tmp_path, torch.compile(net(), backend="eager"), max_epochs=1))
     first.train()
     with_orig_mod_names(first.checkpoint_dir / "epoch_1.pt")
@@ -191,6 +195,7 @@ def test_orig_mod_checkpoint_resumes_into_a_plain_model_bit_identical(tmp_path, 
 
 
 def test_plain_checkpoint_resumes_into_a_compiled_model_bit_identical(tmp_path):
+    """The counting backend runs dynamo's graph eagerly: bit-identical to the eager run."""
     first = Runner(**kwargs(tmp_path, net(), max_epochs=1))
     first.train()
     backend = CountingBackend()
@@ -200,6 +205,7 @@ def test_plain_checkpoint_resumes_into_a_compiled_model_bit_identical(tmp_path):
 
 
 def test_orig_mod_checkpoint_resumes_into_a_compiled_model(tmp_path, capsys):
+    """``eager`` backend: the end is the uninterrupted eager run's bit for bit."""
     first = Runner(**kwargs(tmp_path, net(), max_epochs=1))
     first.train()
     with_orig_mod_names(first.checkpoint_dir / "epoch_1.pt")
