@@ -9,6 +9,7 @@ compiler settings, and reads checkpoints' ``_orig_mod.`` names as the plain ones
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,7 +27,10 @@ def prepare(model: nn.Module, compile: bool | Mapping[str, Any]) -> nn.Module:
     ``training_step``."""
     import torch
 
-    model = _unwrapped(model)
+    # a wrapper exists only once torch.compile loaded dynamo (whose import takes seconds)
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    if dynamo is not None:
+        model = _unwrapped(model, dynamo.OptimizedModule)
     if compile is not False:
         options = {} if compile is True else dict(compile)
         _compile_in_place(model, lambda fn: torch.compile(fn, **options))
@@ -45,14 +49,13 @@ def _compile_in_place(module: nn.Module, compiler: Callable[[Any], Any]) -> None
     module._compiled_call_impl = compiler(call_impl)
 
 
-def _unwrapped(module: nn.Module) -> nn.Module:
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    if isinstance(module, OptimizedModule):
-        wrapper, module = module, module._orig_mod
+def _unwrapped(module: nn.Module, wrapper_class: type) -> nn.Module:
+    if isinstance(module, wrapper_class):
+        wrapper: Any = module
+        module = wrapper._orig_mod
         _compile_in_place(module, wrapper.dynamo_ctx)  # the context torch.compile built
     for name, child in list(module.named_children()):
-        plain = _unwrapped(child)
+        plain = _unwrapped(child, wrapper_class)
         if plain is not child:
             setattr(module, name, plain)
     return module
