@@ -4,7 +4,8 @@ The file holds the plain state dict of the model (or, with ``ema``, the weights 
 plugin's :meth:`~hookrun.Plugin.export_weights` finds in its state), every tensor whole,
 loadable with ``torch.load(OUT, weights_only=True)`` into the model as it is built without
 hookrun: what a checkpoint file holds as ``model``, or what the shards of a sharded folder
-add up to (read in this one process, no torchrun needed).
+add up to (read in this one process, no torchrun needed), under plain names also where a
+checkpoint's carry ``torch.compile``'s ``_orig_mod.``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from hookrun.checkpoint import files as ckpt_io
 from hookrun.config.file import place_errors
+from hookrun.engine.compiled import plain_names
 from hookrun.errors import CheckpointMismatchError, HookrunError
 from hookrun.hooks.discovery import installed_plugins, unknown_plugin_message
 
@@ -54,8 +56,8 @@ def weights(checkpoint: Path, ema: bool) -> dict[str, torch.Tensor]:
     else:
         state = ckpt_io.load(checkpoint)
         if not ema:
-            return dict(state["model"])
-    return _plugin_weights(checkpoint, state, "ema")
+            return plain_names(state["model"])
+    return plain_names(_plugin_weights(checkpoint, state, "ema"))
 
 
 def _plugin_weights(checkpoint: Path, state: dict[str, Any], name: str) -> dict[str, Any]:

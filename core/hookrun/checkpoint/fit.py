@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hookrun.engine.compiled import plain_names
 from hookrun.engine.position import LoopPosition
 
 if TYPE_CHECKING:
@@ -143,6 +144,7 @@ def _model_problems(expected: Mapping[str, Any], checkpoint: Mapping[str, Any]) 
     saved = checkpoint["model"]
     if not isinstance(saved, Mapping):
         return [f"model: {_kind(saved)}, not a state dict"]
+    saved = plain_names(saved)  # torch.compile's wrapper names load as the plain ones
     problems = []
     missing = [key for key in expected if key not in saved]
     unexpected = [key for key in saved if key not in expected]

@@ -24,6 +24,7 @@ from hookrun.data.sharding import padding_note
 from hookrun.data.streams import StatefulLoader
 from hookrun.distributed import collectives, process_group
 from hookrun.engine import workdir
+from hookrun.engine.compiled import ORIG_MOD, plain_names
 from hookrun.engine.optimizer_step import SINGLE
 from hookrun.engine.position import LoopPosition, Phase
 from hookrun.engine.workdir import URL, location
@@ -51,7 +52,7 @@ def collect(runner: Checkpointable, save_optimizer: bool = True) -> dict[str, An
             "world_size": runner.world_size,
             "optimizers": {name: type(opt).__name__ for name, opt in runner.optimizers.items()},
         },
-        "model": runner.unwrapped_model.state_dict(),
+        "model": plain_names(runner.unwrapped_model.state_dict()),
         "loop": pos.state_dict(),
         "rng": rng,
         "plugins": {name: obj.state_dict() for name, obj in runner.stateful_plugins().items()},
@@ -100,7 +101,7 @@ def restore(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool) ->
     elif sharded:  # a file's whole tensors cut into this rank's shards, optimizer included
         _sharded().restore_whole(runner, checkpoint, resume)
     else:
-        runner.unwrapped_model.load_state_dict(checkpoint["model"])
+        load_model_state(runner, checkpoint["model"])
     if not resume:
         return
     if not (sharded or "sharded" in checkpoint):
@@ -118,6 +119,18 @@ def restore(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool) ->
     for name, saved in checkpoint.get("schedulers", {}).items():
         if line := continue_schedule(runner, name, saved):
             runner.info(line)  # a longer run is a longer schedule
+
+
+def load_model_state(runner: Checkpointable, saved: dict[str, Any]) -> None:
+    """Load a checkpoint's model weights; names that ``torch.compile(model)`` prefixed with
+    ``_orig_mod.`` (a checkpoint written by anything) load as the plain names, with one line."""
+    plain = plain_names(saved)
+    if plain.keys() != saved.keys():
+        runner.info(
+            f"checkpoint weights carry torch.compile's {ORIG_MOD!r} in their names; "
+            "loaded under the plain names"
+        )
+    runner.unwrapped_model.load_state_dict(plain)
 
 
 def _resume_loader(runner: Checkpointable, saved: Any) -> None:

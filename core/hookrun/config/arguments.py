@@ -257,6 +257,12 @@ class RunnerArguments(BaseModel):
         description="Convert BatchNorm layers to SyncBatchNorm in multi-process runs, so "
         "batch statistics cover the global batch.",
     )
+    compile: bool | dict[str, Any] = Field(
+        False,
+        description="Compile the model in place with `torch.compile` before DDP/FSDP wrap it: "
+        "`true`, or a mapping of `torch.compile`'s options (`{backend: aot_eager, mode: "
+        "max-autotune}`); checkpoints keep plain parameter names.",
+    )
     ddp: dict[str, Any] | None = Field(
         None, description="Keyword arguments for DistributedDataParallel under torchrun."
     )
@@ -278,6 +284,24 @@ class RunnerArguments(BaseModel):
         from hookrun.engine.stop_signals import signal_name
 
         return list(dict.fromkeys(signal_name(raw) for raw in value))
+
+    @field_validator("compile")
+    @classmethod
+    def _compile_options(cls, value: bool | dict[str, Any]) -> bool | dict[str, Any]:
+        """Only ``torch.compile``'s own keywords: a typo must not pass silently."""
+        if isinstance(value, dict):
+            import inspect
+
+            import torch
+
+            from hookrun.hooks.discovery import did_you_mean
+
+            known = [p for p in inspect.signature(torch.compile).parameters if p != "model"]
+            for key in value:
+                if key not in known:
+                    hint = did_you_mean(key, known) or f" (options: {', '.join(known)})"
+                    raise ValueError(f"{key!r} is not an option of torch.compile{hint}")
+        return value
 
     @field_validator("work_dir", "device", mode="before")
     @classmethod

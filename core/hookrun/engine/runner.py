@@ -25,8 +25,8 @@ from hookrun.data.loaders import make_loader, seed_all
 from hookrun.data.sharding import train_sampler
 from hookrun.distributed import collectives, process_group
 from hookrun.distributed.fsdp import shard_model
+from hookrun.engine import compiled, workdir
 from hookrun.engine import predict as prediction
-from hookrun.engine import workdir
 from hookrun.engine.clock import IterationClock
 from hookrun.engine.evaluation import evaluate, evaluation_loaders
 from hookrun.engine.optimizer_step import OptimizerStep, named_optimizers
@@ -128,6 +128,7 @@ class Runner:
         strategy: str = "auto",
         dist_timeout: float = 600.0,
         sync_bn: bool = False,
+        compile: bool | Mapping[str, Any] = False,
         ddp: Mapping[str, Any] | None = None,
         fsdp: Mapping[str, Any] | None = None,
         stop_signals: Sequence[str] = DEFAULT_STOP_SIGNALS,
@@ -153,6 +154,7 @@ class Runner:
             strategy=strategy,
             dist_timeout=dist_timeout,
             sync_bn=sync_bn,
+            compile=compile,
             ddp=ddp,
             fsdp=fsdp,
             stop_signals=list(stop_signals),
@@ -180,8 +182,10 @@ class Runner:
             self._loaders = self._wrap_loaders(train_dataloader, val_dataloader, test_dataloader)
         if sync_bn and self.world_size > 1:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        self.unwrapped_model = model.to(self.device)
-        self.model: nn.Module = self.unwrapped_model
+        # compiled in place before DDP/FSDP wrap it: plain names, a compiled training_step
+        model = compiled.prepare(model, args.compile).to(self.device)
+        self.unwrapped_model = model
+        self.model: nn.Module = model
         if self.strategy == "fsdp":
             self.model = shard_model(model, self.optimizer, args.fsdp, self.device, amp)
         elif self.world_size > 1:

@@ -143,13 +143,26 @@ def _kind(value: Any) -> str:
 def _through_wrapper(
     model: nn.Module, module: nn.Module, step: Callable[..., Any], batch: Any
 ) -> Any:
-    """Run ``training_step`` so DDP sees a forward: temporarily route forward to the step."""
-    original = module.forward
-    module.forward = step
+    """Run ``training_step`` so DDP sees a forward: the wrapper's call of the module runs the
+    step, and the step's own calls ``self(x)`` (compiled under ``runner.compile``) reach the
+    module's forward again."""
+    own = vars(module).get("forward")  # an instance's own forward, else the class's
+
+    def put_back() -> None:
+        if own is None:
+            vars(module).pop("forward", None)
+        else:
+            module.forward = own
+
+    def routed(*args: Any, **kwargs: Any) -> Any:
+        put_back()
+        return step(*args, **kwargs)
+
+    module.forward = routed
     try:
         return model(batch)
     finally:
-        module.forward = original
+        put_back()
 
 
 def evaluation_values(
