@@ -186,6 +186,7 @@ def test_an_unreachable_endpoint_is_one_line_and_exit_2(tmp_path):
     pytest.importorskip("s3fs")
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
+    env["AWS_MAX_ATTEMPTS"] = "1"  # the line is under test, not botocore's retry backoff
     output = train(config(tmp_path, "s3://bucket/run"), tmp_path / "run", expect=2, **env)
     lines = output.strip().splitlines()
     assert len(lines) == 1 and "s3://bucket/run: cannot reach the storage" in lines[0], output
