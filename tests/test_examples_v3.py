@@ -1,8 +1,8 @@
 """The examples of the open training step (docs/training-step.md), run through the real CLI:
 the GAN (two optimizers, manual optimization) and the tiny language model (its own loss,
-padded batches, accumulation normalised by items). The GAN is SIGKILLed after its first
-checkpoint and resumed with ``--resume auto``; it must end bit for bit where a run never
-interrupted ends."""
+padded batches, accumulation normalised by items). The GAN, with an EMA of its generator, is
+SIGKILLed after its first checkpoint and resumed with ``--resume auto``; it must end bit for
+bit where a run never interrupted ends."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+
+import torch
 
 from _support import ROOT, clean_env, hookrun_script, run
 from hookrun.testing import assert_same_checkpoint, load_checkpoint
@@ -62,6 +64,11 @@ def test_gan_killed_after_a_checkpoint_resumes_bit_for_bit(tmp_path: Path) -> No
     assert set(state["optimizers"]) == {"generator", "discriminator"}
     assert state["loop"]["optimizer_steps"] == {"generator": 290, "discriminator": 290}
     assert {k.split(".")[0] for k in state["model"]} == {"generator", "discriminator"}
+    ema = state["plugins"]["ema"]  # the generator's average: one update per generator step
+    assert ema["updates"] == ema["steps"] == 290
+    weights, average = state["model"], ema["model"]
+    assert all(torch.equal(average[k], v) for k, v in weights.items() if "discriminator" in k)
+    assert not all(torch.equal(average[k], v) for k, v in weights.items() if "generator" in k)
 
     logged = [r for r in records(tmp_path / "whole") if "train/d_loss" in r]
     assert set(range(10, 291, 10)) <= {r["step"] for r in logged}

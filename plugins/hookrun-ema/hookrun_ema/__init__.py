@@ -2,6 +2,8 @@
 
 After every ``update_interval``-th optimizer step the average moves towards the new weights,
 ``ema = d * ema + (1 - d) * weights`` (so gradient accumulation needs no setting of its own).
+With several optimizers it follows the one its ``optimizer`` setting names and averages that
+optimizer's parameters; the others follow the trained model.
 It is kept in float32 (float64 for float64 weights): a bf16 average at decay 0.9999 rounds
 most updates away and stalls. Updates are a few ``torch._foreach_*`` calls with a
 Python-float decay, so they never wait for the device.
@@ -72,6 +74,13 @@ class EMASettings(PluginSettings):
         description="Where the average lives: null = beside each weight; `cpu` saves accelerator "
         "memory for a device-to-host copy (and a wait) per update.",
     )
+    optimizer: str | None = Field(
+        None,
+        description="The optimizer whose steps the average follows, by its name in "
+        "`runner.optimizers`; required when the run has several (a GAN's `generator`). Only "
+        "that optimizer's parameters are averaged; the others are copied from the model at "
+        "each update.",
+    )
     evaluate: Literal["ema", "raw", "both"] = Field(
         "ema",
         description="Weights used by validation and test: `ema`, `raw` (the trained weights), or "
@@ -93,7 +102,8 @@ class EMA(Plugin[EMASettings]):
         super().__init__(settings)
         self.shadow: Shadow | None = None
         self.updates = 0  # averaging updates done: the t of the warm-up formula
-        self.steps = 0  # optimizer steps seen
+        self.steps = 0  # steps seen of the optimizer followed
+        self.follow: str | None = None  # that optimizer's name, once training starts
         self._pending: dict[str, Any] | None = None  # state loaded before the model was seen
         self._swaps = 0  # nesting depth of this plugin's swap-ins
 
@@ -101,18 +111,29 @@ class EMA(Plugin[EMASettings]):
 
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
-        if len(runner.optimizers) > 1:
-            names = ", ".join(map(repr, runner.optimizers))
+        optimizers, wanted = runner.optimizers, self.settings.optimizer
+        names = ", ".join(map(repr, optimizers))
+        if wanted is None and len(optimizers) > 1:
             raise ConfigError(
-                f"plugins.ema: this run has several optimizers ({names}) and the EMA cannot "
-                "yet be told whose steps to follow; train without the ema plugin"
+                f"plugins.ema.optimizer: this run has several optimizers ({names}); name the "
+                "one whose steps the average follows"
             )
-        self._shadow_of(runner.unwrapped_model)
+        if wanted is not None and wanted not in optimizers:
+            raise ConfigError(
+                f"plugins.ema.optimizer: {wanted!r} is not an optimizer of this run ({names})"
+            )
+        self.follow = wanted or next(iter(optimizers))
+        shadow = self._shadow_of(runner.unwrapped_model)
+        if len(optimizers) > 1:
+            groups = optimizers[self.follow].param_groups
+            shadow.average_only({id(p) for group in groups for p in group["params"]})
 
     @hookimpl
-    def after_optimizer_step(self, runner: RunnerProtocol) -> None:
+    def after_optimizer_step(self, runner: RunnerProtocol, optimizer_name: str) -> None:
         shadow, settings = self.shadow, self.settings
         assert shadow is not None
+        if optimizer_name != self.follow:
+            return
         self.steps += 1
         if runner.iter < settings.start_iter:
             shadow.stale = True  # copied from the weights when next looked at

@@ -29,13 +29,15 @@ class Shadow:
 
     - ``lerp``: averaged entries whose shadow has the model tensor's dtype and device;
     - ``mixed``: averaged entries of another dtype (bf16/fp16 weights) or device;
-    - ``copy``: integer buffers, and floating buffers with ``buffers: copy``.
+    - ``copy``: integer buffers, floating buffers with ``buffers: copy``, and parameters left
+      out of the average (:meth:`average_only`).
 
     ``tensors`` are plain tensors; for a ``DTensor`` entry, this rank's shard of it.
     """
 
     def __init__(self, model: nn.Module, average_buffers: bool, device: str | None) -> None:
         self.model = model
+        self.average_buffers = average_buffers
         self.stale = False
         self.device = torch.device(device) if device else None
         self.keys: list[str] = []
@@ -45,9 +47,6 @@ class Shadow:
         params = {id(p) for p in model.parameters()}
         self.buffers: list[int] = []  # entries that are not parameters
         first: dict[int, int] = {}
-        lerp: list[int] = []
-        mixed: list[int] = []
-        copy: list[int] = []
         for key, value in model.state_dict(keep_vars=True).items():
             if not isinstance(value, torch.Tensor):
                 continue
@@ -65,9 +64,7 @@ class Shadow:
             self.keys.append(key)
             self.targets.append(value)
             self.tensors.append(tensor)
-            alike = tensor.dtype == local.dtype and tensor.device == local.device
-            (copy if not averaged else lerp if alike else mixed).append(index)
-        self.lerp, self.mixed, self.copy = lerp, mixed, copy
+        self.average_only(None)
         # exchanging storage is free, but FSDP gathers a DTensor parameter from storage of
         # its own: those entries are copied in and out
         self.sharded = any(isinstance(t, DTensor) for t in self.targets)
@@ -82,6 +79,21 @@ class Shadow:
             _local(t).device != self.device for t in self.targets
         )
         self.saved: list[tuple[torch.Tensor, int]] | None = None  # raw copies while swapped
+
+    def average_only(self, params: set[int] | None) -> None:
+        """Average the parameters whose ids are in ``params`` (None: every parameter) and
+        copy the others at each update, so they follow the trained model (an EMA of one
+        optimizer's parameters in a run with several)."""
+        buffers = set(self.buffers)
+        self.lerp, self.mixed, self.copy = [], [], []
+        for index, (target, tensor) in enumerate(zip(self.targets, self.tensors, strict=True)):
+            if index in buffers:
+                averaged = target.is_floating_point() and self.average_buffers
+            else:
+                averaged = target.is_floating_point() and (params is None or id(target) in params)
+            local = _local(target)
+            alike = tensor.dtype == local.dtype and tensor.device == local.device
+            (self.copy if not averaged else self.lerp if alike else self.mixed).append(index)
 
     def _pick(self, group: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         return [self.tensors[i] for i in group], [_local(self.targets[i]) for i in group]
