@@ -80,6 +80,9 @@ class NanGuardSettings(PluginSettings):
     )
 
 
+DeviceDtype = tuple[torch.device, torch.dtype]  # GradScaler's grouping of the gradients
+
+
 class NonFiniteError(RuntimeError):
     """A non-finite step the guard may not skip, or a checkpoint it refuses to write."""
 
@@ -94,15 +97,16 @@ class NanGuard(Plugin[NanGuardSettings]):
 
     def __init__(self, settings: NanGuardSettings | None = None) -> None:
         super().__init__(settings)
-        self.steps = 0  # optimizer steps checked (skipped ones included)
         self.skipped = 0
         self.nonfinite = 0  # steps found non-finite (host count, up to the last read)
         self.consecutive = 0
         self.losses: list[torch.Tensor] = []
         self.pending: torch.Tensor | None = None  # check_every > 1: bad steps since last read
         self.pending_since = 0  # the iteration of the first step in ``pending``
-        self.params: list[tuple[str, torch.Tensor]] = []
-        self.groups: list[tuple[tuple[torch.device, torch.dtype], list[torch.Tensor]]] = []
+        # per optimizer name: its parameters by name, and grouped by device and dtype
+        self.params: dict[str, list[tuple[str, torch.Tensor]]] = {}
+        self.groups: dict[str, list[tuple[DeviceDtype, list[torch.Tensor]]]] = {}
+        self.several = False  # messages name the optimizer
         self.failure: str | None = None  # raised at the end of the iteration whose step it skipped
         self.ones: dict[torch.device, torch.Tensor] = {}  # the check's scale, 1.0, per device
 
@@ -121,20 +125,19 @@ class NanGuard(Plugin[NanGuardSettings]):
 
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
-        """Name every parameter the optimizer updates; put the counters in the report."""
-        optimizer = runner.optimizer
-        if optimizer is None:
-            return
+        """Name every parameter each optimizer updates; put the counters in the report."""
         names = {id(p): n for n, p in runner.unwrapped_model.named_parameters()}
-        self.params = [
-            (names.get(id(p), f"param_groups[{g}][{i}]"), p)
-            for g, group in enumerate(optimizer.param_groups)
-            for i, p in enumerate(group["params"])
-        ]
-        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-        for _, p in self.params:
-            groups.setdefault((p.device, p.dtype), []).append(p)
-        self.groups = list(groups.items())
+        self.several = len(runner.optimizers) > 1
+        for name, optimizer in runner.optimizers.items():
+            params = self.params[name] = [
+                (names.get(id(p), f"param_groups[{g}][{i}]"), p)
+                for g, group in enumerate(optimizer.param_groups)
+                for i, p in enumerate(group["params"])
+            ]
+            groups: dict[DeviceDtype, list[torch.Tensor]] = {}
+            for _, p in params:
+                groups.setdefault((p.device, p.dtype), []).append(p)
+            self.groups[name] = list(groups.items())
         self.losses.clear()
         runner.scalars.gauge("train/skipped_steps", Count(lambda: self.skipped))
         runner.scalars.gauge("train/nonfinite_grads", Count(self.nonfinite_so_far))
@@ -144,22 +147,26 @@ class NanGuard(Plugin[NanGuardSettings]):
         self.losses.append(loss.detach())
 
     @hookimpl
-    def before_optimizer_step(self, runner: RunnerProtocol) -> bool | None:
-        self.steps += 1
+    def before_optimizer_step(
+        self, runner: RunnerProtocol, optimizer: Any, optimizer_name: str
+    ) -> bool | None:
         try:
             scaler = runner.scaler
             if scaler is not None:  # GradScaler's unscale_ already looked for infs: reuse it
-                return self.decide(runner, bool(scaler_found_inf(scaler, runner)))
-            found = self.found_inf(runner)
+                found_by_scaler = bool(scaler_found_inf(scaler, optimizer))
+                return self.decide(runner, optimizer_name, found_by_scaler)
+            found = self.found_inf(runner, optimizer_name)
             if self.settings.check_every == 1:
                 if runner.strategy == "fsdp":  # each rank checked its own gradient shards
                     found = all_reduce_max(found)
-                return self.decide(runner, bool(found))  # the one host read
+                return self.decide(runner, optimizer_name, bool(found))  # the one host read
             if self.pending is None:
                 self.pending, self.pending_since = found, runner.iter
             else:
                 self.pending += found
-            if self.steps % self.settings.check_every == 0:
+            # this is the run's n-th optimizer step (the core counts it once it is taken)
+            steps = sum(runner.position.optimizer_steps.values()) + 1
+            if steps % self.settings.check_every == 0:
                 self.read_pending(runner)
             return None
         finally:
@@ -190,26 +197,25 @@ class NanGuard(Plugin[NanGuardSettings]):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "steps": self.steps,
             "skipped": self.skipped,
             "nonfinite": self.nonfinite,
             "consecutive": self.consecutive,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("steps", "skipped", "nonfinite", "consecutive"):
+        for key in ("skipped", "nonfinite", "consecutive"):
             setattr(self, key, int(state[key]))
 
     # -- the decision --------------------------------------------------------------------
 
-    def found_inf(self, runner: RunnerProtocol) -> torch.Tensor:
+    def found_inf(self, runner: RunnerProtocol, name: str) -> torch.Tensor:
         """1.0 when a gradient or a loss of this step holds a NaN or an infinity, else 0.0,
         left on the device: GradScaler's fused check, one kernel per device and dtype as
         GradScaler groups them. It multiplies by 1.0 in place, which changes no value (the
         losses are detached, and backward has already freed their graphs)."""
         groups = {
             key: [local(p.grad) for p in params if p.grad is not None]
-            for key, params in self.groups
+            for key, params in self.groups[name]
         }
         if self.checks_loss(runner):
             for loss in self.losses:
@@ -232,7 +238,7 @@ class NanGuard(Plugin[NanGuardSettings]):
         torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, one)
         return found
 
-    def decide(self, runner: RunnerProtocol, bad: bool) -> bool | None:
+    def decide(self, runner: RunnerProtocol, name: str, bad: bool) -> bool | None:
         """Skip (``False``), stop or raise for a bad step; reset the run of bad steps."""
         if not bad:
             self.consecutive = 0
@@ -244,25 +250,26 @@ class NanGuard(Plugin[NanGuardSettings]):
         limit = s.max_consecutive
         if action == "skip" and limit is not None and self.consecutive > limit:
             action = s.escalate
-        what = self.describe(runner)
+        what = self.describe(runner, name)
         self.skipped += 1
+        step = f"non-finite step{f' of optimizer {name!r}' if self.several else ''}"
         if action == "raise":  # after the iteration: an emergency save then holds its end
             self.failure = (
-                f"nan_guard: non-finite step at iteration {runner.iter} "
+                f"nan_guard: {step} at iteration {runner.iter} "
                 f"({self.consecutive} in a row): {what}"
             )
         if action == "stop":
             runner.stop_training = True
             runner.info(
-                f"nan_guard: non-finite step at iteration {runner.iter} ({self.consecutive} "
+                f"nan_guard: {step} at iteration {runner.iter} ({self.consecutive} "
                 f"in a row) skipped; stopping: {what}"
             )
         return False
 
-    def describe(self, runner: RunnerProtocol) -> str:
+    def describe(self, runner: RunnerProtocol, name: str) -> str:
         """The first non-finite gradients (and losses) by name: looked for one by one, on
         the failure path only."""
-        named = {f"grad of {n}": p.grad for n, p in self.params if p.grad is not None}
+        named = {f"grad of {n}": p.grad for n, p in self.params[name] if p.grad is not None}
         if self.checks_loss(runner):
             named.update({f"loss[{i}]": loss.reshape(1) for i, loss in enumerate(self.losses)})
         bad = non_finite_names(named)
@@ -283,7 +290,7 @@ class NanGuard(Plugin[NanGuardSettings]):
             self.consecutive = 0
             return
         self.nonfinite += count
-        weights = non_finite_names(dict(self.params))
+        weights = non_finite_names({n: p for params in self.params.values() for n, p in params})
         now = f"weights not finite: {', '.join(weights)}" if weights else "weights still finite"
         raise NonFiniteError(
             f"nan_guard: {count} non-finite step(s) between iterations {self.pending_since} and "
@@ -308,10 +315,10 @@ class Count:
         return float(self.read())
 
 
-def scaler_found_inf(scaler: torch.amp.GradScaler, runner: RunnerProtocol) -> torch.Tensor:
-    """The infs GradScaler's ``unscale_`` found for the runner's optimizer, summed over
-    devices (GradScaler keeps them per optimizer; it reads them again in ``step``)."""
-    state = scaler._per_optimizer_states[id(runner.optimizer)]
+def scaler_found_inf(scaler: torch.amp.GradScaler, optimizer: Any) -> torch.Tensor:
+    """The infs GradScaler's ``unscale_`` found for ``optimizer``, summed over devices
+    (GradScaler keeps them per optimizer; it reads them again in ``step``)."""
+    state = scaler._per_optimizer_states[id(optimizer)]
     found = list((state.get("found_inf_per_device") or {}).values())
     return torch.stack([f.to(found[0].device) for f in found]).sum() if found else torch.zeros(())
 

@@ -74,8 +74,8 @@ def test_counts_and_weights_continue_across_a_resume(tmp_path: Path) -> None:
     whole = run(tmp_path / "whole")
     resumed = run(tmp_path / "resumed", resume=tmp_path / "whole/run/checkpoints/iter_3.pt")
     saved = torch.load(tmp_path / "whole/run/checkpoints/iter_3.pt", weights_only=True)
+    assert saved["loop"]["optimizer_steps"] == {"main": 3}  # check_every counts the core's
     assert saved["plugins"]["nan_guard"] == {
-        "steps": 3,
         "skipped": 1,
         "nonfinite": 1,
         "consecutive": 0,
