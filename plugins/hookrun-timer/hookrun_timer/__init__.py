@@ -207,6 +207,13 @@ class Timer(Plugin[TimerSettings]):
         took, hooks = format_duration(seconds), format_duration(t["hooks"])
         runner.info(f"Overall training speed: {int(iters)} iterations in {took} ({per_iter})")
         runner.info(f"Total training time: {format_duration(t['elapsed'])} ({hooks} on hooks)")
+        steps = runner.position.optimizer_steps  # the core's count, resumed runs included
+        if len(steps) > 1:
+            rates = [
+                f"{name} {count}" + (f" ({count / t['seconds']:.1f}/s)" if t["seconds"] else "")
+                for name, count in steps.items()
+            ]
+            runner.info(f"Optimizer steps: {', '.join(rates)}")
         if self.settings.profile_hooks:
             rows = profile_records(self.profile_rows)
             runner.console.print(profile_table(rows))

@@ -246,3 +246,43 @@ def test_exception_keeps_totals_and_stops_profiling(make_runner: Any) -> None:
     assert fail.saved["totals"]["elapsed"] >= 5 * (0.004 + 0.008)
     assert runner.hook_stats.profile is False
     assert "training speed" not in runner.console.file.getvalue()
+
+
+class CriticAndGenerator(torch.nn.Module):
+    """Manual optimization: the critic steps every iteration, the generator every second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.critic, self.generator = torch.nn.Linear(4, 1), torch.nn.Linear(4, 4)
+        self.calls = 0
+
+    def training_step(self, batch: torch.Tensor, optim: Any) -> torch.Tensor:
+        loss = self.critic(self.generator(batch)).square().mean()
+        optim.backward(loss)
+        optim.step("critic")
+        self.calls += 1
+        if self.calls % 2 == 0:
+            loss = self.critic(self.generator(batch)).mean()
+            optim.backward(loss)
+            optim.step("generator")
+        return loss.detach()
+
+
+def test_several_optimizers_get_their_step_counts_in_the_summary(make_runner: Any) -> None:
+    model = CriticAndGenerator()
+    optimizers = {
+        "critic": torch.optim.SGD(model.critic.parameters(), lr=0.01),
+        "generator": torch.optim.SGD(model.generator.parameters(), lr=0.01),
+    }
+    runner = make_runner(batches=8, model=model, optimizer=optimizers)
+    runner.train()
+    lines = [line for line in runner.console.file.getvalue().splitlines() if "Optimizer" in line]
+    assert len(lines) == 1, lines
+    found = re.fullmatch(
+        r"\[hookrun\] Optimizer steps: critic 8 \((\d+\.\d)/s\), generator 4 \((\d+\.\d)/s\)",
+        lines[0],
+    )
+    assert found, lines[0]
+    seconds = runner.plugins["timer"].state_dict()["totals"]["seconds"]
+    assert float(found[1]) == pytest.approx(8 / seconds, abs=0.06)
+    assert float(found[2]) == pytest.approx(4 / seconds, abs=0.06)
