@@ -85,7 +85,9 @@ class Shadow:
         copy the others at each update, so they follow the trained model (an EMA of one
         optimizer's parameters in a run with several)."""
         buffers = set(self.buffers)
-        self.lerp, self.mixed, self.copy = [], [], []
+        self.lerp: list[int] = []
+        self.mixed: list[int] = []
+        self.copy: list[int] = []
         for index, (target, tensor) in enumerate(zip(self.targets, self.tensors, strict=True)):
             if index in buffers:
                 averaged = target.is_floating_point() and self.average_buffers
