@@ -1,16 +1,19 @@
-"""A batch or an output that does not fit the step convention in use, met at the first
-iteration: one line naming the convention and the way out, exit code 2, no traceback and no
-checkpoint, in every command (train, val, test, predict). DESIGN §12, docs/training-step.md."""
+"""What hookrun says when something is wrong at run time. A batch or an output that does
+not fit the step convention in use, met at the first iteration: one line naming the
+convention and the way out, exit code 2, no traceback and no checkpoint, in every command
+(train, val, test, predict); DESIGN §12, docs/training-step.md. And every hint it prints is
+a command that works here, or a name that is there."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from _support import run, write
-from hookrun.testing import run_cli
+from hookrun.testing import run_cli, write_toy_task
 
 TASK = """
 import torch
@@ -203,3 +206,58 @@ def test_predict_says_which_batch_the_model_cannot_take_and_writes_no_output(
     model = "Net" if kind == "dict_batch" else "FirstOfInputs"
     assert_one_line(code, err, (f"{model} {start}", middle, end))
     assert not output.exists()
+
+
+# -- hints -------------------------------------------------------------------------------
+
+
+def test_did_you_mean_ignores_case_and_offers_no_install_for_a_typo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_toy_task(
+        tmp_path,
+        "task: toytask.py:build\ntask_args: {optimizer: false}\n"
+        "optimizer: {type: Adamw, lr: 0.1}\n"
+        "runner: {max_epochs: 1, device: cpu}\nplugins: {chekpoint: {interval: 1}}\n",
+    )
+    code, out, err = run_cli(capsys, "config", "validate", config)
+    assert (code, out) == (2, "")
+    assert sorted(err.splitlines()) == [
+        "optimizer.type: torch.optim has no class 'Adamw' (did you mean 'AdamW'?)",
+        "plugins.chekpoint: unknown plugin 'chekpoint' (did you mean 'checkpoint'?)",
+    ]
+
+
+def test_a_plugin_of_hookrun_not_installed_names_an_install_that_works(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hookrun.hooks import discovery
+
+    real = discovery.installed
+    monkeypatch.setattr(
+        discovery, "installed", lambda group: {k: v for k, v in real(group).items() if k != "ema"}
+    )
+    code, _, err = run_cli(capsys, "plugins", "show", "ema")
+    assert code == 2
+    prefix = "plugins show: plugin 'ema' is not installed; pip install "
+    assert err.startswith(prefix), err
+    # the command as printed, run from elsewhere (a dry run: nothing changes here)
+    target = err.strip().removeprefix(prefix)
+    pip = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index"]
+    proc = subprocess.run(
+        [*pip, "--no-build-isolation", target], capture_output=True, text=True, cwd="/"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Would install hookrun-ema-" in proc.stdout
+
+
+def test_plot_names_the_library_not_an_extra_the_index_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # Python's "not installed"
+    code, out, err = run_cli(
+        capsys, "schedule", write_toy_task(tmp_path), "--plot", tmp_path / "lr.png"
+    )
+    assert (code, out) == (2, "")
+    assert err == "--plot: needs matplotlib, which is not installed; pip install matplotlib\n"
+    assert not (tmp_path / "lr.png").exists()
