@@ -44,9 +44,10 @@ Example:
   hookrun train examples/digits/config.yaml --work-dir runs/digits
   hookrun train examples/digits/config.yaml --work-dir runs/digits --resume auto
 
+\b
 Exit codes: 0 success, 1 training failed, 2 a mistake in what was given; 128 + N stopped
-by signal N after saving at an iteration boundary: 130 Ctrl-C (SIGINT), 143 SIGTERM, 141 a
-closed pipe (| head).
+  by signal N after saving at an iteration boundary: 130 Ctrl-C (SIGINT), 143 SIGTERM,
+  141 a closed pipe (| head).
 Docs: https://github.com/hookrun/hookrun/tree/main/docs (cli.md, config.md)
 """
 
