@@ -179,6 +179,7 @@ def _train(
             launch.check_fresh_work_dir(loaded)
         _notice(f"building task {loaded.data['task']} ...")  # importing torch takes seconds
         runner = launch.build_runner(loaded, runner_arguments=runner_arguments)
+        _notice(model_summary(runner.unwrapped_model))
         finished = run_state.finished_position(runner) if resume == "auto" else None
         if finished is not None:
             last = runner.max_iters
@@ -211,6 +212,19 @@ def _train(
 
 def _notice(message: str) -> None:
     echo(f"[hookrun] {message}")
+
+
+def model_summary(model: Any) -> str:
+    """``model Net: 1,234 parameters (1,000 trainable), 0.01 MiB``: what the run trains,
+    its parameters counted once each (shared ones too) and its size with the buffers."""
+    params = list(model.parameters())
+    count = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    size = sum(t.numel() * t.element_size() for t in [*params, *model.buffers()])
+    return (
+        f"model {type(model).__name__}: {count:,} parameters ({trainable:,} trainable), "
+        f"{size / 2**20:.2f} MiB"
+    )
 
 
 checkpoint_option = click.option(
