@@ -107,7 +107,9 @@ def training_losses(
     return losses
 
 
-def criterion_loss(model: nn.Module, module: nn.Module, criterion: Any, batch: Any) -> Any:
+def criterion_loss(
+    model: nn.Module, module: nn.Module, criterion: Any, batch: Any
+) -> tuple[Any, Any]:
     """``(outputs, loss)`` of a batch under the criterion convention; inputs the model
     cannot take, or outputs the criterion cannot take, are one line (:func:`convention_call`)."""
     inputs, targets = criterion_pair(batch)
@@ -144,8 +146,8 @@ def _metric(name: str, fn: Callable[..., Any], outputs: Any, second: Any, what: 
 
 
 def own_loss_call(model: nn.Module, module: nn.Module, batch: Any) -> Any:
-    """``model(**batch)`` or ``model(batch)``; a model that cannot take the batch so (a
-    ``TypeError`` at the call) is one line naming the convention and the way out."""
+    """``model(**batch)`` or ``model(batch)``; a model that cannot take the batch so is one
+    line naming the convention and the way out (:func:`convention_call`)."""
     mapping = isinstance(batch, Mapping)
     return convention_call(
         model,
