@@ -42,6 +42,7 @@ UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
 DEFAULT_STOP_SIGNALS = ("SIGTERM", "SIGINT")
 WATCH_INTERVAL_S = 0.5  # how often the watchdog looks at the progress and the node's ranks
 _INSTALLED: list[StopSignals] = []  # the stop signals of the run in progress, if any
+_STDOUT_GONE = threading.Event()  # set once a StdoutGuard found its reader gone
 
 
 def signal_name(raw: str) -> str:
@@ -86,6 +87,8 @@ class StopSignals:
         for number in self.numbers:
             self.previous[number] = signal.signal(number, self._note)
         _INSTALLED.append(self)
+        if _STDOUT_GONE.is_set():  # the reader went away before the run started: stop at once
+            self._note(signal.SIGPIPE, None)
         return True
 
     def _note(self, signum: int, _frame: Any) -> None:
@@ -186,8 +189,9 @@ class StdoutGuard:
     """``sys.stdout`` for a command whose reader may go away (``| head`` closing the pipe,
     ``| tee`` ended by the same Ctrl-C): the first write or flush that finds the pipe closed
     points the file descriptor at ``os.devnull`` (Python's last flush stays quiet), drops
-    everything after it and stops a training run in progress as SIGPIPE would; ``closed`` says
-    it happened. Everything else goes to the stream it wraps."""
+    everything after it and stops a training run in progress as SIGPIPE would (one that
+    starts later stops at its first iteration boundary); ``closed_pipe`` says it happened.
+    Everything else goes to the stream it wraps."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
@@ -214,6 +218,7 @@ class StdoutGuard:
 
     def _reader_gone(self) -> None:
         self.closed_pipe = True
+        _STDOUT_GONE.set()
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, self.stream.fileno())
