@@ -179,7 +179,6 @@ def _train(
             launch.check_fresh_work_dir(loaded)
         _notice(f"building task {loaded.data['task']} ...")  # importing torch takes seconds
         runner = launch.build_runner(loaded, runner_arguments=runner_arguments)
-        _notice(model_summary(runner.unwrapped_model))
         finished = run_state.finished_position(runner) if resume == "auto" else None
         if finished is not None:
             last = runner.max_iters
@@ -203,6 +202,7 @@ def _train(
             launch.save_resolved_config(loaded)
         if verbose:
             print_hook_table(runner)
+        _notice(model_summary(runner.unwrapped_model))  # every check passed: the run starts
         runner.train(resume=resume)
         test = runner.test() if runner.test_dataloader is not None else None
         print_summary(runner, loaded, runner.last_metrics.get("val"), test)
