@@ -164,6 +164,7 @@ class TensorBoardWriter(Writer):
         self._tags: dict[str, str] = {}
         self._hparams: dict[str, Any] = {}  # the config's values, for the HParams tab
         self._final: dict[str, float] = {}  # the last val/ and test/ values, its metrics
+        self._wrote_scalars = False  # a pass that logged nothing has no session to show
         self._write_event(Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def write_scalars(self, scalars: Mapping[str, float], step: int) -> None:
@@ -175,6 +176,7 @@ class TensorBoardWriter(Writer):
             for name, value in scalars.items()
         ]
         self._write(Summary(value=values), step)
+        self._wrote_scalars = True
         for name, value in scalars.items():
             if name.startswith(("val/", "test/")):
                 self._final[tags[name]] = float(value)
@@ -203,8 +205,10 @@ class TensorBoardWriter(Writer):
 
     def finish(self, status: str) -> None:
         """Write the HParams session (the config's values, the last value of each ``val/``
-        and ``test/`` metric written, how the run ended), then close."""
-        if self._hparams and not self._file.closed:
+        and ``test/`` metric written, how the run ended), then close. A pass that wrote no
+        scalar writes none: its event file keeps saying that nothing was trained (a work dir
+        whose run never completed an iteration is started over)."""
+        if self._hparams and self._wrote_scalars and not self._file.closed:
             from tensorboardX.summary import hparams
 
             for summary in _with_status(hparams(self._hparams, self._final), status):
