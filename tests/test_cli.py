@@ -112,7 +112,7 @@ def test_plugins_show_every_setting_and_unknown_name():
     wrong = run("plugins", "show", name[:-1] + "x")
     assert wrong.returncode == 2
     assert f"did you mean {name!r}" in wrong.stderr
-    assert "pip install hookrun-" in wrong.stderr
+    assert "pip install" not in wrong.stderr  # a typo of an installed name: no install
     assert "Traceback" not in wrong.stderr
 
 
@@ -210,12 +210,10 @@ def test_unknown_plugin_and_key_get_did_you_mean(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert "runer: unknown setting (did you mean 'runner'?)" in lines
+    assert "plugins.chekpoint: unknown plugin 'chekpoint' (did you mean 'checkpoint'?)" in lines
     assert (
-        "plugins.chekpoint: unknown plugin 'chekpoint' (did you mean 'checkpoint'?); "
-        "if it is a package, `pip install hookrun-chekpoint`" in lines
-    )
-    assert any(
-        "'fancy_thing'" in line and "pip install hookrun-fancy-thing" in line for line in lines
+        "plugins.fancy_thing: unknown plugin 'fancy_thing'; `hookrun plugins list` shows the "
+        "installed plugins" in lines
     )
 
 

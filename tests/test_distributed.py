@@ -106,7 +106,7 @@ def test_sigterm_on_one_rank_stops_both_at_one_iteration_and_resumes_exactly(
     stopped = tmp_path / "stopped"
     proc = torchrun(stopped, "--with-checkpoint", "--term-at", "7")  # rank 1 only
     assert proc.returncode != 0  # both ranks end by the signal, as it asks
-    assert proc.stdout.count("SIGTERM received") == 1  # rank 0 reports for both
+    assert proc.stderr.count("SIGTERM received") == 1  # rank 0 reports for both
     saved = (stopped / "checkpoints" / "latest").read_text().strip()
     assert saved.startswith("iter_") and 8 <= int(saved[5:-3]) < 18
     assert not (stopped / "final.pt").exists()
@@ -126,7 +126,7 @@ def test_group_sigterm_with_loader_workers_under_torchrun_saves_and_resumes_exac
     assert time.monotonic() - start < 60  # not torchrun's 30 s grace on top
     assert proc.returncode != 0
     assert "killed by signal" not in proc.stderr
-    assert proc.stdout.count("SIGTERM received") == 1
+    assert proc.stderr.count("SIGTERM received") == 1
     saved = (stopped / "checkpoints" / "latest").read_text().strip()
     assert saved.startswith("iter_") and 8 <= int(saved[5:-3]) < 18
     proc = torchrun(stopped, *args, "--resume")

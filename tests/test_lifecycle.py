@@ -37,7 +37,7 @@ def test_sigterm_inside_validation_stops_there_and_resumes_exactly(
         signal_at={"hook": "after_val_iter", "iters": 7},
     )
     saved = run / "checkpoints" / "stop_iter_7.pt"
-    assert f"SIGTERM received: saved {saved}; stopping" in proc.stdout
+    assert f"SIGTERM received: saved {saved}; stopping" in proc.stderr
     state = torch.load(saved, weights_only=True)
     assert state["loop"] == {
         "epoch": 0,
@@ -97,7 +97,7 @@ def test_checkpoint_plugin_reuses_the_periodic_file_of_the_same_position(
     )
     out = run / "checkpoints"
     assert sorted(p.name for p in out.iterdir()) == ["epoch_1.pt", "epoch_2.pt", "latest"]
-    assert f"SIGTERM received: saved {out / 'epoch_2.pt'}; stopping" in proc.stdout
+    assert f"SIGTERM received: saved {out / 'epoch_2.pt'}; stopping" in proc.stderr
     run_resume_job(run, resume=True, plugins={"checkpoint": {}}, save_every=0)
     assert_same_checkpoint(resume_reference / "final.pt", run / "final.pt")
 
@@ -129,7 +129,7 @@ def test_group_sigterm_with_loader_workers_is_a_preemption(tmp_path: Path) -> No
         **options,
     )
     assert "killed by signal" not in proc.stderr
-    assert f"SIGTERM received: saved {run / 'checkpoints' / 'iter_10.pt'}" in proc.stdout
+    assert f"SIGTERM received: saved {run / 'checkpoints' / 'iter_10.pt'}" in proc.stderr
     run_resume_job(run, resume=True, **options)
     assert_same_checkpoint(reference, run / "final.pt")
 

@@ -139,9 +139,8 @@ def test_unknown_plugin_gets_did_you_mean_and_install_hint(make_dist, tmp_path):
     with pytest.raises(PluginError) as info:
         Runner(**toy_runner_kwargs(tmp_path, plugins={"greter": True, "wandb": {}}))
     assert info.value.lines == [
-        "plugins.greter: unknown plugin 'greter' (did you mean 'greeter'?); "
-        "if it is a package, `pip install hookrun-greter`",
-        "plugins.wandb: unknown plugin 'wandb'; if it is a package, `pip install hookrun-wandb`",
+        "plugins.greter: unknown plugin 'greter' (did you mean 'greeter'?)",
+        "plugins.wandb: unknown plugin 'wandb'; `hookrun plugins list` shows the installed plugins",
     ]
 
 
@@ -259,14 +258,14 @@ def test_a_plugin_with_a_folder_in_the_clone_not_installed_names_its_folder(monk
     code, out, err = run_cli(capsys, "plugins", "show", "ema")
     assert (code, out) == (2, "")
     assert err.strip() == (
-        "plugins show: plugin 'ema' is not installed; pip install ./plugins/hookrun-ema "
-        "from a clone of hookrun (not on the package index yet)"
+        "plugins show: plugin 'ema' is not installed; pip install "
+        f"{root / 'plugins' / 'hookrun-ema'}"
     )
     code, out, err = run_cli(capsys, "plugins", "show", "grad_stats")
     assert (code, out) == (2, "")
     assert err.strip() == (
-        "plugins show: unknown plugin 'grad_stats'; if it is a package, "
-        "`pip install hookrun-grad-stats`"
+        "plugins show: unknown plugin 'grad_stats'; `hookrun plugins list` shows the installed "
+        "plugins"
     )
     assert not (root / "plugins" / "hookrun-grad-stats").exists()
 
@@ -292,10 +291,10 @@ def test_install_hints_follow_the_clone_folders_not_a_list(monkeypatch, tmp_path
     }
     assert discovery.unknown_plugin_message("grad_stats", "plugins.grad_stats", []) == (
         "plugins.grad_stats: plugin 'grad_stats' is not installed; pip install "
-        "./plugins/hookrun-grad-stats from a clone of hookrun (not on the package index yet)"
+        f"{clone / 'plugins' / 'hookrun-grad-stats'}"
     )
     assert discovery.unknown_plugin_message("ema", "plugins.ema", []) == (
-        "plugins.ema: unknown plugin 'ema'; if it is a package, `pip install hookrun-ema`"
+        "plugins.ema: unknown plugin 'ema'; `hookrun plugins list` shows the installed plugins"
     )
     assert discovery.clone_folders("writers") == {}
 

@@ -248,5 +248,5 @@ def test_a_run_cut_short_by_a_signal_started_ignored_ends_by_it(
     assert name in (tmp_path / "ignored_at_start").read_text().split()
     assert proc.returncode == 128 + signal.Signals[name], (proc.returncode, proc.stderr)
     saved = tmp_path / "run" / "checkpoints" / "stop_iter_5.pt"
-    assert f"{name} received: saved {saved}; stopping" in proc.stdout
+    assert f"{name} received: saved {saved}; stopping" in proc.stderr
     assert saved.is_file()

@@ -505,9 +505,9 @@ def build(kind):
         (
             "pairs_without_criterion",
             "Classifier cannot take a list of 2 (the model computes its loss: model(**batch) "
-            "for a mapping batch, else model(batch)): linear(): argument 'input' (position 1) "
-            "must be Tensor, not list; define training_step(batch) on the model, or pass "
-            "criterion=...",
+            "for a mapping batch, else model(batch)): TypeError: linear(): argument 'input' "
+            "(position 1) must be Tensor, not list; define training_step(batch) on the model, "
+            "or pass criterion=...",
         ),
     ],
 )

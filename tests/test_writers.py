@@ -222,7 +222,7 @@ def test_a_tracker_writer_not_installed_names_its_folder_in_the_repository(monke
     assert (root / "writers" / "hookrun-neptune" / "pyproject.toml").is_file()
     assert writer_errors(["neptune", "nepture", "comet"]) == [
         "runner.writers.neptune: writer 'neptune' is not installed; pip install "
-        "./writers/hookrun-neptune from a clone of hookrun (not on the package index yet)",
+        f"{root / 'writers' / 'hookrun-neptune'}",
         "runner.writers.nepture: unknown writer (did you mean 'neptune'?)",
         "runner.writers.comet: unknown writer",
     ]

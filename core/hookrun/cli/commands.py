@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 1 training failed (the traceback is shown; one line for a runtime
 checkpoint failure such as a full disk), 2 a usage or config error, a checkpoint that cannot
-be loaded or does not fit included (one line per problem on stderr, no traceback). Only
+be loaded or does not fit included (one line per problem on stderr, no traceback), 128 + N
+after a stop by signal N (130 Ctrl-C, 143 SIGTERM, 141 a closed standard output). Only
 click and the standard library are imported at start-up; ``plugins list`` stays on
 entry-point metadata (no torch, pydantic, pluggy or plugin import). Under torchrun or SLURM
 rank 0 prints the run's output; every rank prints its own errors, prefixed ``[rank N]``.
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from hookrun.engine.workdir import URL
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_SIGINT, EXIT_CLOSED_PIPE = 130, 141  # 128 + the signal's number
 
 
 # -- the command group ---------------------------------------------------------------------
@@ -45,7 +47,10 @@ Example:
   hookrun train examples/digits/config.yaml --work-dir runs/digits
   hookrun train examples/digits/config.yaml --work-dir runs/digits --resume auto
 
-Exit codes: 0 success, 1 training failed, 2 a mistake in what was given.
+\b
+Exit codes: 0 success, 1 training failed, 2 a mistake in what was given; 128 + N stopped
+  by signal N after saving at an iteration boundary: 130 Ctrl-C (SIGINT), 143 SIGTERM,
+  141 a closed pipe (| head).
 Docs: https://github.com/hookrun/hookrun/tree/main/docs (cli.md, config.md)
 """
 
@@ -200,6 +205,7 @@ def _train(
             launch.save_resolved_config(loaded)
         if verbose:
             print_hook_table(runner)
+        _notice(model_summary(runner.unwrapped_model))  # every check passed: the run starts
         runner.train(resume=resume)
         test = runner.test() if runner.test_dataloader is not None else None
         print_summary(runner, loaded, runner.last_metrics.get("val"), test)
@@ -209,6 +215,19 @@ def _train(
 
 def _notice(message: str) -> None:
     echo(f"[hookrun] {message}")
+
+
+def model_summary(model: Any) -> str:
+    """``model Net: 1,234 parameters (1,000 trainable), 0.01 MiB``: what the run trains,
+    its parameters counted once each (shared ones too) and its size with the buffers."""
+    params = list(model.parameters())
+    count = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    size = sum(t.numel() * t.element_size() for t in [*params, *model.buffers()])
+    return (
+        f"model {type(model).__name__}: {count:,} parameters ({trainable:,} trainable), "
+        f"{size / 2**20:.2f} MiB"
+    )
 
 
 checkpoint_option = click.option(
@@ -568,7 +587,23 @@ def config_schema() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the CLI and turn errors into exit codes: 2 for usage/config, 1 for failures."""
+    """Run the CLI and turn errors into exit codes: 2 for usage/config, 1 for failures, 141
+    (SIGPIPE's) when the reader of the output went away; stop, interrupt and error lines go
+    to stderr."""
+    from hookrun.engine.stop_signals import StdoutGuard
+
+    stdout = sys.stdout
+    guard = StdoutGuard(stdout)
+    sys.stdout = guard
+    try:
+        code = _main(argv)
+    finally:
+        sys.stdout = stdout
+    sys.exit(EXIT_CLOSED_PIPE if guard.closed_pipe and code == EXIT_OK else code)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    """The command's exit code."""
     try:
         cli.main(
             args=list(argv) if argv is not None else None,
@@ -576,25 +611,27 @@ def main(argv: Sequence[str] | None = None) -> None:
             standalone_mode=False,
         )
     except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except click.ClickException as exc:
         if rank() == 0:
             exc.show()
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
     except (click.exceptions.Abort, KeyboardInterrupt):
         echo("interrupted", err=True)
-        sys.exit(130)
+        return EXIT_SIGINT
     except HookrunError as exc:  # every rank prints its own, prefixed [rank N]
         for line in exc.lines:
             click.echo(rank_prefix() + line, err=True)
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
     except CheckpointError as exc:  # a runtime failure (full disk, I/O), not a bug: one line
         print(f"{rank_prefix()}error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_FAILED)
+        return EXIT_FAILED
+    except BrokenPipeError:  # written past the guard (another stream on the same pipe)
+        return EXIT_CLOSED_PIPE
     except Exception as exc:
         _print_failure(exc)
-        sys.exit(EXIT_FAILED)
-    sys.exit(EXIT_OK)
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def _print_failure(exc: BaseException) -> None:

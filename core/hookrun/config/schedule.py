@@ -24,16 +24,16 @@ if TYPE_CHECKING:
 
     from hookrun.config.file import LoadedConfig
 
-PLOT_EXTRA = "pip install 'hookrun[plot]'"
-
 
 def check_plot_extra() -> None:
-    """``--plot`` needs matplotlib (the ``plot`` extra): say so before any work."""
+    """``--plot`` needs matplotlib (the ``plot`` extra): say so before any work, naming the
+    library itself (hookrun is not on the package index: ``hookrun[plot]`` cannot be
+    installed from it)."""
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
         raise HookrunError(
-            f"--plot: needs matplotlib, which is not installed; install the extra: {PLOT_EXTRA}"
+            "--plot: needs matplotlib, which is not installed; pip install matplotlib"
         )
 
 

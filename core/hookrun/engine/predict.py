@@ -28,7 +28,7 @@ from hookrun.data.loaders import make_loader
 from hookrun.data.sharding import predict_sampler
 from hookrun.distributed import fsdp, process_group
 from hookrun.distributed.collectives import all_gather_object
-from hookrun.engine.steps import StepError, _kind, to_device
+from hookrun.engine.steps import _kind, convention_call, to_device
 
 CPU = torch.device("cpu")
 
@@ -94,15 +94,18 @@ def forward(model: nn.Module, criterion: Any, batch: Any) -> Any:
     ``criterion`` the inputs of an ``(inputs, targets)`` batch (a one-element one too),
     else ``model(**batch)`` for a mapping batch and ``model(batch)`` for any other."""
     if criterion is not None and isinstance(batch, (tuple, list)) and batch:
-        return model(batch[0])
-    try:
-        return model(**batch) if isinstance(batch, Mapping) else model(batch)
-    except TypeError as exc:
-        raise StepError(
-            f"{type(model).__name__} cannot take {_kind(batch)} to predict (model(**batch) "
-            f"for a mapping batch, else model(batch)): {exc}; define predict_step(batch) on "
-            "the model"
-        ) from None
+        batch = batch[0]
+        convention = "the inputs of an (inputs, targets) batch"
+    else:
+        convention = "model(**batch) for a mapping batch, else model(batch)"
+    mapping = isinstance(batch, Mapping)
+    return convention_call(
+        model,
+        () if mapping else (batch,),
+        lambda: f"{type(model).__name__} cannot take {_kind(batch)} to predict ({convention})",
+        "define predict_step(batch) on the model",
+        batch if mapping else None,
+    )
 
 
 def to_cpu(value: Any) -> Any:

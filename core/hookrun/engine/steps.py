@@ -30,6 +30,13 @@ CRITERION = (
     "criterion: batches are (inputs, targets) and the loss is criterion(model(inputs), targets)"
 )
 WAY_OUT = "define training_step(batch) on the model, or pass criterion=..."
+CRITERION_WAY_OUT = (
+    "make forward return what the criterion takes, or define training_step(batch) on the model"
+)
+#: What a call of a convention raises when a value is of a kind it cannot take: a TypeError,
+#: or an AttributeError, KeyError or IndexError on a value that is not a tensor (a dict
+#: given where a tensor goes, a mapping indexed as a sequence: ``KeyError: 0``).
+MISFITS = (TypeError, AttributeError, KeyError, IndexError)
 
 
 class StepError(HookrunError):
@@ -49,6 +56,28 @@ def is_manual(step: Callable[..., Any] | None) -> bool:
     return len(params) >= 2
 
 
+def convention_call(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    misfit: Callable[[], str],
+    way_out: str,
+    kwargs: Mapping[str, Any] | None = None,
+) -> Any:
+    """``fn(*args, **kwargs)``, one call a step convention makes (the model on the batch or
+    its inputs, the criterion or a metric on the outputs). One of :data:`MISFITS` raised
+    there is the batch or output not fitting the convention: a :class:`StepError` line of
+    ``misfit()`` (what could not take what, and the convention), the exception and
+    ``way_out``. Every step convention goes through here, in every command."""
+    kwargs = kwargs or {}
+    try:
+        return fn(*args, **kwargs)
+    except MISFITS as exc:
+        values = (*args, *kwargs.values())
+        if not isinstance(exc, TypeError) and all(isinstance(v, torch.Tensor) for v in values):
+            raise  # tensors of the right kind: a bug of the code called, with its traceback
+        raise StepError(f"{misfit()}: {type(exc).__name__}: {exc}; {way_out}") from None
+
+
 def training_losses(
     model: nn.Module,
     module: nn.Module,
@@ -64,22 +93,69 @@ def training_losses(
     """
     if step is not None:
         out = step(batch) if model is module else _through_wrapper(model, module, step, batch)
-        return step_outputs(out, f"{type(module).__name__}.training_step", required=True)
-    if criterion is not None:
-        inputs, targets = criterion_pair(batch)
-        return {"loss": criterion(model(inputs), targets)}
-    return model_outputs(own_loss_call(model, module, batch), module)
+        losses = step_outputs(out, f"{type(module).__name__}.training_step", required=True)
+    elif criterion is not None:
+        losses = {"loss": criterion_loss(model, module, criterion, batch)[1]}
+    else:
+        losses = model_outputs(own_loss_call(model, module, batch), module)
+    loss = losses["loss"]
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise StepError(
+            f"the loss of {type(module).__name__} is {_kind(loss)}: back-propagation needs "
+            "one value (a tensor of one element); reduce it, e.g. loss.mean()"
+        )
+    return losses
+
+
+def criterion_loss(
+    model: nn.Module, module: nn.Module, criterion: Any, batch: Any
+) -> tuple[Any, Any]:
+    """``(outputs, loss)`` of a batch under the criterion convention; inputs the model
+    cannot take, or outputs the criterion cannot take, are one line (:func:`convention_call`)."""
+    inputs, targets = criterion_pair(batch)
+    outputs = convention_call(
+        model,
+        (inputs,),
+        lambda: f"{type(module).__name__} cannot take the inputs, {_kind(inputs)} ({CRITERION})",
+        "define training_step(batch) on the model, or drop criterion to let the model compute "
+        "its loss",
+    )
+    return outputs, convention_call(
+        criterion,
+        (outputs, targets),
+        lambda: (
+            f"{_name(criterion)} cannot take {type(module).__name__}'s output, "
+            f"{_kind(outputs)}, and the targets, {_kind(targets)} ({CRITERION})"
+        ),
+        CRITERION_WAY_OUT,
+    )
+
+
+def _metric(name: str, fn: Callable[..., Any], outputs: Any, second: Any, what: str) -> Any:
+    """A metric's value: ``fn(outputs, targets)`` under a criterion, else ``fn(outputs,
+    batch)``; values it cannot take are one line (:func:`convention_call`)."""
+    return convention_call(
+        fn,
+        (outputs, second),
+        lambda: (
+            f"metric {name!r} cannot take the outputs, {_kind(outputs)}, and {what}, "
+            f"{_kind(second)}"
+        ),
+        f"make metric {name!r} take them, or define validation_step(batch) on the model",
+    )
 
 
 def own_loss_call(model: nn.Module, module: nn.Module, batch: Any) -> Any:
-    """``model(**batch)`` or ``model(batch)``; a model that cannot take the batch so (a
-    ``TypeError`` at the call) is one line naming the convention and the way out."""
-    try:
-        return model(**batch) if isinstance(batch, Mapping) else model(batch)
-    except TypeError as exc:
-        raise StepError(
-            f"{type(module).__name__} cannot take {_kind(batch)} ({OWN_LOSS}): {exc}; {WAY_OUT}"
-        ) from None
+    """``model(**batch)`` or ``model(batch)``; a model that cannot take the batch so is one
+    line naming the convention and the way out (:func:`convention_call`)."""
+    mapping = isinstance(batch, Mapping)
+    return convention_call(
+        model,
+        () if mapping else (batch,),
+        lambda: f"{type(module).__name__} cannot take {_kind(batch)} ({OWN_LOSS})",
+        WAY_OUT,
+        batch if mapping else None,
+    )
 
 
 def step_outputs(out: Any, where: str, required: bool) -> dict[str, Any]:
@@ -127,6 +203,11 @@ def criterion_pair(batch: Any) -> tuple[Any, Any]:
         f"{CRITERION}; got {_kind(batch)}: drop criterion to let the model compute its loss "
         "(model(**batch) for a mapping), or define training_step(batch) on the model"
     )
+
+
+def _name(fn: Any) -> str:
+    """A criterion's or metric's name: its function's, else its class's (``MSELoss``)."""
+    return str(getattr(fn, "__name__", None) or type(fn).__name__)
 
 
 def _kind(value: Any) -> str:
@@ -184,16 +265,14 @@ def evaluation_values(
             )
         return dict(values)
     if criterion is not None:
-        inputs, targets = criterion_pair(batch)
-        outputs = module(inputs)
-        values = {"loss": criterion(outputs, targets)}
-        for name, fn in metrics.items():
-            values[name] = fn(outputs, targets)
-        return values
-    outputs = own_loss_call(module, module, batch)
-    values = {"loss": model_outputs(outputs, module)["loss"]}
+        outputs, loss = criterion_loss(module, module, criterion, batch)
+        second, what = criterion_pair(batch)[1], "targets"
+    else:
+        outputs = own_loss_call(module, module, batch)
+        loss, second, what = model_outputs(outputs, module)["loss"], batch, "the batch"
+    values = {"loss": loss}
     for name, fn in metrics.items():
-        values[name] = fn(outputs, batch)
+        values[name] = _metric(name, fn, outputs, second, what)
     return values
 
 

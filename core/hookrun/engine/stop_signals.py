@@ -19,6 +19,11 @@ then, with one line on stderr saying why no checkpoint was taken. Under torch.di
 also ends at once when a rank on its node has ended: the agreement can no longer come, and a
 launcher tearing the job down (torchrun's SIGTERM after a rank died) does not wait for its
 30-second grace.
+
+A closed standard output (``hookrun train ... | head``, or ``| tee`` ended by the same
+Ctrl-C) is a stop too: :class:`StdoutGuard` drops what is written after it and stops the run
+as SIGPIPE would, so the command ends quietly with 128 + 13. The stop's own line goes to
+stderr, where a closed pipe cannot lose it.
 """
 
 from __future__ import annotations
@@ -29,13 +34,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from hookrun.distributed.cluster import rank_prefix
 
 UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
 DEFAULT_STOP_SIGNALS = ("SIGTERM", "SIGINT")
 WATCH_INTERVAL_S = 0.5  # how often the watchdog looks at the progress and the node's ranks
+_INSTALLED: list[StopSignals] = []  # the stop signals of the run in progress, if any
+_STDOUT_GONE = threading.Event()  # set once a StdoutGuard found its reader gone
 
 
 def signal_name(raw: str) -> str:
@@ -79,6 +86,9 @@ class StopSignals:
             self.peers = process_group.node_peers()
         for number in self.numbers:
             self.previous[number] = signal.signal(number, self._note)
+        _INSTALLED.append(self)
+        if _STDOUT_GONE.is_set():  # the reader went away before the run started: stop at once
+            self._note(signal.SIGPIPE, None)
         return True
 
     def _note(self, signum: int, _frame: Any) -> None:
@@ -120,6 +130,12 @@ class StopSignals:
         os.write(2, line.encode())  # not sys.stderr: the main thread may hold its lock
         os._exit(128 + signum)
 
+    def saved(self, signum: int, path: object, main: bool) -> None:
+        """Say on stderr (rank 0) that the stop was saved to ``path`` and training stops."""
+        if main:
+            name = signal.Signals(signum).name
+            print(f"[hookrun] {name} received: saved {path}; stopping", file=sys.stderr, flush=True)
+
     def acting(self) -> None:
         """The training loop acts on the stop (it saves and ends): the watchdog stands down."""
         if self.watch is not None:
@@ -138,6 +154,8 @@ class StopSignals:
         if self.watch is not None:
             self.watch.set()
             self.watch = None
+        if self in _INSTALLED:
+            _INSTALLED.remove(self)
         previous = {n: signal.SIG_DFL if h is None else h for n, h in self.previous.items()}
         for number, handler in previous.items():
             signal.signal(number, handler)
@@ -165,3 +183,47 @@ class StopSignals:
         sys.stdout.flush()  # a default action ends the process without Python's cleanup
         sys.stderr.flush()
         signal.raise_signal(number)
+
+
+class StdoutGuard:
+    """``sys.stdout`` for a command whose reader may go away (``| head`` closing the pipe,
+    ``| tee`` ended by the same Ctrl-C): the first write or flush that finds the pipe closed
+    points the file descriptor at ``os.devnull`` (Python's last flush stays quiet), drops
+    everything after it and stops a training run in progress as SIGPIPE would (one that
+    starts later stops at its first iteration boundary); ``closed_pipe`` says it happened.
+    Everything else goes to the stream it wraps."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.closed_pipe = False
+        """Whether the reader went away."""
+
+    def write(self, text: str) -> int:
+        if not self.closed_pipe:
+            try:
+                self.stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_pipe:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+    def _reader_gone(self) -> None:
+        self.closed_pipe = True
+        _STDOUT_GONE.set()
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):  # no file descriptor (a captured stream)
+            pass
+        for stop in _INSTALLED:
+            stop._note(signal.SIGPIPE, None)

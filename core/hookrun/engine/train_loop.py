@@ -9,7 +9,6 @@ what makes mid-epoch resume exact. The step itself (backward, optimizers) is
 from __future__ import annotations
 
 import itertools
-import signal
 import time
 import warnings
 from collections.abc import Iterable
@@ -261,8 +260,7 @@ class TrainLoop:
                 path = runner.save_checkpoint(
                     runner.checkpoint_dir / f"stop_iter_{runner.position.iter}.pt"
                 )
-            name = signal.Signals(signum).name
-            runner.info(f"{name} received: saved {path}; stopping")
+            self.stop.saved(signum, path, runner.is_main)
         return True
 
 

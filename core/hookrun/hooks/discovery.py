@@ -105,9 +105,13 @@ def autoload_enabled() -> bool:
 
 
 def did_you_mean(name: str, choices: Iterable[object]) -> str:
-    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(name, [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """`` (did you mean 'x'?)`` for the closest choice, or an empty string. Case does not
+    count (``Adamw`` is ``AdamW``); of choices that differ only in case the first is named."""
+    spelled: dict[str, str] = {}
+    for choice in map(str, choices):
+        spelled.setdefault(choice.lower(), choice)
+    close = difflib.get_close_matches(name.lower(), list(spelled), n=1, cutoff=0.6)
+    return f" (did you mean {spelled[close[0]]!r}?)" if close else ""
 
 
 def distribution_name(name: str) -> str:
@@ -116,12 +120,13 @@ def distribution_name(name: str) -> str:
 
 
 def install_from_clone(folder: str, name: str) -> str:
-    """How to install one of hookrun's own distributions: from a clone of the repository,
-    until the package index has them (the one place to change when it does)."""
-    return (
-        f"pip install ./{folder}/{distribution_name(name)} from a clone of hookrun "
-        "(not on the package index yet)"
-    )
+    """How to install one of hookrun's own distributions: ``pip install`` of its folder in
+    this clone of the repository (the package index does not have them), else of the folder
+    a clone would hold; the one place to change when the index has them."""
+    path = clone_folders(folder).get(name)
+    if path is not None:
+        return f"pip install {path}"
+    return f"pip install ./{folder}/{distribution_name(name)} from a clone of hookrun"
 
 
 def clone_folders(folder: str) -> dict[str, Path]:
@@ -140,9 +145,10 @@ def clone_folders(folder: str) -> dict[str, Path]:
 
 
 def unknown_plugin_message(name: str, where: str, known: Iterable[object]) -> str:
-    """The one-line error for a plugin name nobody installed."""
+    """The one-line error for a plugin name nobody installed: hookrun's own plugin with the
+    install of its folder, else the closest installed name, else where the installed names
+    are listed (no install is guessed: a name nobody installed is no package's name)."""
     if name in clone_folders("plugins"):
         return f"{where}: plugin {name!r} is not installed; {install_from_clone('plugins', name)}"
-    hint = did_you_mean(name, known)
-    dist = distribution_name(name)
-    return f"{where}: unknown plugin {name!r}{hint}; if it is a package, `pip install {dist}`"
+    hint = did_you_mean(name, known) or "; `hookrun plugins list` shows the installed plugins"
+    return f"{where}: unknown plugin {name!r}{hint}"

@@ -66,6 +66,12 @@ class Writer:
     def write_image(self, name: str, image: Any, step: int) -> None:
         """Default: ignore images (a text log has nowhere to put them)."""
 
+    def write_histogram(self, name: str, values: Any, step: int) -> None:
+        """The distribution of ``values`` (a tensor or array of any shape: weights,
+        gradients) at ``step``, for a plugin that logs them. TensorBoard and W&B draw it;
+        the default ignores it (the JSONL log, MLflow, DVCLive and Neptune have no
+        histogram of their own)."""
+
     def write_config(self, config: Mapping[str, Any]) -> None:
         """Default: ignore the config."""
 
@@ -156,6 +162,9 @@ class TensorBoardWriter(Writer):
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         self._file = os.fdopen(open_for_writing(self.path, flags), "wb")
         self._tags: dict[str, str] = {}
+        self._hparams: dict[str, Any] = {}  # the config's values, for the HParams tab
+        self._final: dict[str, float] = {}  # the last val/ and test/ values, its metrics
+        self._wrote_scalars = False  # a pass that logged nothing has no session to show
         self._write_event(Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def write_scalars(self, scalars: Mapping[str, float], step: int) -> None:
@@ -167,6 +176,10 @@ class TensorBoardWriter(Writer):
             for name, value in scalars.items()
         ]
         self._write(Summary(value=values), step)
+        self._wrote_scalars = True
+        for name, value in scalars.items():
+            if name.startswith(("val/", "test/")):
+                self._final[tags[name]] = float(value)
 
     def write_image(self, name: str, image: Any, step: int) -> None:
         """``image``: CHW float in [0, 1] (clamped, see FACTS) or uint8."""
@@ -174,11 +187,33 @@ class TensorBoardWriter(Writer):
 
         self._write(image_summary(name, image_uint8(image).numpy()), step)
 
+    def write_histogram(self, name: str, values: Any, step: int) -> None:
+        """``values`` of any shape, in numpy's ``auto`` bins."""
+        from tensorboardX.summary import histogram
+
+        array = torch.as_tensor(values).detach().cpu().double().numpy()
+        self._write(histogram(name, array, bins="auto"), step)
+
     def write_config(self, config: Mapping[str, Any]) -> None:
+        """The config as text, and its values as the run's hyper-parameters: the HParams tab
+        shows them, with the final metrics, once the writer finishes."""
         from tensorboardX.summary import text
 
         config_text = "```json\n" + json.dumps(config, indent=2, default=str) + "\n```"
         self._write(text("config", config_text), 0)
+        self._hparams = hparam_values(config)
+
+    def finish(self, status: str) -> None:
+        """Write the HParams session (the config's values, the last value of each ``val/``
+        and ``test/`` metric written, how the run ended), then close. A pass that wrote no
+        scalar writes none: its event file keeps saying that nothing was trained (a work dir
+        whose run never completed an iteration is started over)."""
+        if self._hparams and self._wrote_scalars and not self._file.closed:
+            from tensorboardX.summary import hparams
+
+            for summary in _with_status(hparams(self._hparams, self._final), status):
+                self._write(summary, 0)
+        self.close()
 
     def flush(self) -> None:
         if not self._file.closed:
@@ -210,6 +245,35 @@ class TensorBoardWriter(Writer):
 
         tag = self._tags[name] = scalar(name, 0.0).value[0].tag
         return tag
+
+
+def hparam_values(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's values as hyper-parameters: nested keys joined by ``.``, numbers,
+    strings and booleans as they are, anything else (lists) as JSON; ``None`` left out."""
+    values: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            values.update(hparam_values(value, name + "."))
+        elif isinstance(value, (bool, int, float, str)):
+            values[name] = value
+        elif value is not None:
+            values[name] = json.dumps(value, default=str)
+    return values
+
+
+def _with_status(summaries: tuple[Any, Any, Any], status: str) -> tuple[Any, Any, Any]:
+    """tensorboardX's HParams summaries with the session's end status set from the run's
+    (it always writes success)."""
+    from tensorboardX.proto.api_pb2 import Status
+    from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+
+    end = summaries[2].value[0].metadata.plugin_data
+    data = HParamsPluginData.FromString(end.content)
+    code = {"finished": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "killed": "STATUS_ABORTED"}
+    data.session_end_info.status = Status.Value(code[status])
+    end.content = data.SerializeToString()
+    return summaries
 
 
 BUILTIN_WRITERS: dict[str, type[Writer]] = {"jsonl": JsonlWriter, "tensorboard": TensorBoardWriter}

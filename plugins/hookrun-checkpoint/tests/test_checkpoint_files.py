@@ -243,7 +243,7 @@ class Terminator:
 
 
 def test_sigterm_handler_is_for_the_run_only_and_the_signal_is_passed_on(
-    make_runner: Callable,
+    make_runner: Callable, capsys: pytest.CaptureFixture[str]
 ) -> None:
     received: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
@@ -268,9 +268,7 @@ def test_sigterm_handler_is_for_the_run_only_and_the_signal_is_passed_on(
         "iter": 6,
         "optimizer_steps": {"main": 6},  # one step per iteration (no accumulation)
     }
-    assert (
-        f"SIGTERM received: saved {out / 'iter_6.pt'}; stopping" in runner.console.file.getvalue()
-    )
+    assert f"SIGTERM received: saved {out / 'iter_6.pt'}; stopping" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

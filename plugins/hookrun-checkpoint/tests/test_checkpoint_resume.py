@@ -89,11 +89,11 @@ def test_sigterm_saves_exits_terminated_and_resumes_exactly(
             break
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGTERM, err
-    assert "SIGTERM received" in out
+    assert "SIGTERM received" in err  # stop lines go to stderr
     saved = newest(tmp_path)
     stopped_at = int(saved.removeprefix("iter_").removesuffix(".pt"))
     assert 8 <= stopped_at < 21
-    assert out.splitlines()[-1].endswith(f"/{saved}; stopping")
+    assert err.splitlines()[-1].endswith(f"/{saved}; stopping")
     assert not (tmp_path / "final.pt").exists()
     out = run(tmp_path, resume=True)
     assert iterations(out)[0] == f"iter {stopped_at + 1}"

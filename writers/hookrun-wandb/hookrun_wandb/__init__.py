@@ -100,6 +100,16 @@ class WandbWriter(Writer):
         array = tensor.permute(1, 2, 0).numpy() if tensor.dim() == 3 else tensor.numpy()
         self._open().log({name: wandb.Image(array)}, step=step)
 
+    def write_histogram(self, name: str, values: Any, step: int) -> None:
+        """``values`` of any shape as a ``wandb.Histogram`` of 64 bins (W&B's default)."""
+        import numpy
+        import torch
+        import wandb
+
+        array = torch.as_tensor(values).detach().cpu().double().numpy()
+        counts, edges = numpy.histogram(array, bins=64)
+        self._open().log({name: wandb.Histogram(np_histogram=(counts, edges))}, step=step)
+
     def finish(self, status: str) -> None:
         """Checkpoints as one ``model`` artifact, ``hookrun/status`` in the summary, then
         W&B's finish with the status's exit code."""

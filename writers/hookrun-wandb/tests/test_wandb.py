@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from hookrun import Runner
+from hookrun import Runner, hookimpl
 from hookrun.testing import (
     RaiseAt,
     SaveEvery,
@@ -206,3 +206,29 @@ def test_no_login_degrades_to_an_offline_run_with_one_notice(
     found = read_runs(kwargs["work_dir"])
     assert [s for s, _ in points(found, "val/accuracy")] == [3]
     assert found["exit"] == [0]
+
+
+class WeightHistogram:
+    """Writes the model's weight as a histogram after each epoch, as a plugin would."""
+
+    @hookimpl
+    def after_train_epoch(self, runner: Any) -> None:
+        for writer in runner.writers:
+            writer.write_histogram("weights/linear", runner.unwrapped_model.weight, runner.iter)
+
+
+def test_a_histogram_is_a_wandb_histogram_of_the_values(tmp_path: Path, offline: None) -> None:
+    import numpy
+
+    kwargs = toy_runner_kwargs(tmp_path, writers=["wandb"], hooks=[WeightHistogram()])
+    runner = Runner(**kwargs)
+    runner.train()
+    found = read_runs(kwargs["work_dir"])
+    rows = [row for row in found["history"] if "weights/linear/_type" in row]  # flattened
+    assert [row["_step"] for row in rows] == [3, 6]  # after each epoch of 3 iterations
+    weight = runner.unwrapped_model.weight.detach().double().numpy()
+    counts, edges = numpy.histogram(weight, bins=64)
+    last = rows[-1]
+    assert last["weights/linear/_type"] == "histogram"
+    assert last["weights/linear/values"] == counts.tolist() and sum(counts) == weight.size
+    assert last["weights/linear/bins"] == pytest.approx(edges.tolist())
