@@ -168,9 +168,7 @@ def _train(
 ) -> None:
     """``hookrun train`` (:func:`train`) into ``work_dir`` (None: the config's), with
     ``runner_arguments`` replacing the config's (``--smoke``)."""
-    from hookrun.checkpoint import state as run_state
     from hookrun.cli import prepare as launch
-    from hookrun.distributed import collectives, process_group
     from hookrun.engine import workdir
 
     named = {"--resume": resume} if resume not in (None, "auto") else {}
@@ -180,6 +178,10 @@ def _train(
     with workdir.hold(out, enabled=rank() == 0, notice=_notice):
         if resume is None:  # refused before the task is built
             launch.check_fresh_work_dir(loaded)
+        # torch is imported only now: a config mistake is reported without waiting for it
+        from hookrun.checkpoint import state as run_state
+        from hookrun.distributed import collectives, process_group
+
         _notice(f"building task {loaded.data['task']} ...")  # importing torch takes seconds
         runner = launch.build_runner(loaded, runner_arguments=runner_arguments)
         finished = run_state.finished_position(runner) if resume == "auto" else None
