@@ -7,6 +7,7 @@ import json
 import re
 
 from _support import run
+from hookrun import hookimpl
 from hookrun.testing import load_checkpoint, write_toy_task
 
 CONFIG = """
@@ -40,3 +41,37 @@ def test_console_schedule_and_checkpoints_count_epochs_from_one(tmp_path):
     assert "val (epoch 1, iter 4)" in trained.stdout  # the table after the first epoch
     first = load_checkpoint(work / "checkpoints" / "epoch_1.pt")
     assert (first["meta"]["epoch"], first["meta"]["iter"]) == (1, 4)  # epoch 1, done
+
+
+class EpochSeen:
+    """Records ``runner.epoch`` at each hook point of an epoch and after the run."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    @hookimpl
+    def before_train_epoch(self, runner):
+        self.seen.append(("before_train_epoch", runner.epoch))
+
+    @hookimpl
+    def after_train_epoch(self, runner):
+        self.seen.append(("after_train_epoch", runner.epoch))
+
+    @hookimpl
+    def after_val_epoch(self, runner):
+        self.seen.append(("after_val_epoch", runner.epoch))
+
+
+def test_runner_epoch_is_the_index_then_the_epochs_done_as_documented(make_toy_runner):
+    hook = EpochSeen()
+    runner = make_toy_runner(hooks=[hook], max_epochs=2)
+    runner.train()
+    assert hook.seen == [
+        ("before_train_epoch", 0),
+        ("after_train_epoch", 0),
+        ("after_val_epoch", 1),
+        ("before_train_epoch", 1),
+        ("after_train_epoch", 1),
+        ("after_val_epoch", 2),
+    ]
+    assert runner.epoch == 2  # after the run: the epochs done
