@@ -63,3 +63,42 @@ def test_a_console_interval_not_a_multiple_is_one_line_and_exit_2(tmp_path):
         ]
         assert "Traceback" not in refused.stderr
     assert not work.exists()
+
+
+TINY_TASK = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def build():
+    data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+    model = nn.Linear(4, 2)
+    return {
+        "model": model,
+        "train_dataloader": DataLoader(data, batch_size=8),
+        "val_dataloader": DataLoader(data, batch_size=8),
+        "criterion": nn.CrossEntropyLoss(),
+        "metrics": {
+            "tiny": lambda out, y: torch.tensor(1e-5),
+            "big": lambda out, y: torch.tensor(2.5e6),
+        },
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+    }
+"""
+
+
+def test_the_final_table_keeps_significant_digits(tmp_path):
+    (tmp_path / "tiny.py").write_text(TINY_TASK)
+    config = write_toy_task(
+        tmp_path,
+        "task: tiny.py:build\n"
+        "runner: {max_epochs: 1, device: cpu, writers: [jsonl]}\n"
+        "plugins: {checkpoint: false, timer: false, logger: false}\n",
+    )
+    done = run("train", config, "--work-dir", tmp_path / "run")
+    assert done.returncode == 0, done.stderr
+    summary = done.stdout[done.stdout.index("final metrics") :]
+    assert re.search(r"tiny\s+│\s+1\.000e-05", summary), summary
+    assert re.search(r"big\s+│\s+2\.500e\+06", summary), summary
+    assert "0.0000" not in summary
