@@ -98,6 +98,9 @@ def load(
             data[section] = raw[section]
     if raw.get("scheduler"):  # one source: the runner steps the schedules at their interval
         data["runner"]["scheduler_interval"] = schedule_interval(raw["scheduler"], data["runner"])
+    console = _logger_interval(raw)
+    if console is not None and "log_interval" not in raw.get("runner", {}):
+        data["runner"]["log_interval"] = console  # one knob: the console's interval reports
     return LoadedConfig(path=path, data=data)
 
 
@@ -281,6 +284,8 @@ def validate(raw: dict[str, Any], path: Path) -> list[str]:
         errors += work_dir_errors(config.runner.work_dir)
     if not refused & {("runner", "scheduler_interval"), ("scheduler", "interval")}:
         errors += _interval_errors(raw.get("scheduler"), runner)
+    if config is not None:
+        errors += _log_interval_errors(raw, config.runner.log_interval)
     optimizer = optimizer_errors(raw["optimizer"]) if "optimizer" in raw else []
     scheduler = scheduler_errors(raw["scheduler"]) if "scheduler" in raw else []
     if config is not None and config.scheduler is not None:
@@ -373,6 +378,32 @@ def _interval_errors(scheduler: Any, runner: dict[str, Any]) -> list[str]:
         f"{where}: {own!r} contradicts {first} {value!r}; keep one of them"
         for where, own in said[1:]
         if own != value
+    ]
+
+
+def _logger_interval(raw: dict[str, Any]) -> int | None:
+    """``plugins.logger.interval`` when the file sets it to a whole number (else pydantic's
+    or the plugin's own error reports it)."""
+    plugins = raw.get("plugins")
+    logger = plugins.get("logger") if isinstance(plugins, dict) else None
+    interval = logger.get("interval") if isinstance(logger, dict) else None
+    valid = isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1
+    return interval if valid else None
+
+
+def _log_interval_errors(raw: dict[str, Any], log_interval: int) -> list[str]:
+    """The console prints at the core's reports, so its interval is a multiple of
+    ``runner.log_interval`` (which defaults to it when only the console's is given)."""
+    console = _logger_interval(raw)
+    if (
+        console is None
+        or "log_interval" not in raw.get("runner", {})
+        or console % log_interval == 0
+    ):
+        return []
+    return [
+        f"plugins.logger.interval: {console} is not a multiple of runner.log_interval "
+        f"({log_interval}); lines can only be printed at the core's reports"
     ]
 
 

@@ -83,7 +83,7 @@ class ScheduledIter:
     name (``main`` when there is one)."""
 
     iter: int  # 1-based: the ``step`` a JSONL record of this iteration carries
-    epoch: int
+    epoch: int  # 1-based, as the console counts (``runner.epoch + 1``)
     rates: dict[str, Rates]
 
     @property
@@ -114,7 +114,7 @@ def simulate(
         for batch_idx in range(batches_per_epoch):
             yield ScheduledIter(
                 done + 1,
-                epoch,
+                epoch + 1,
                 {name: _rates(optimizer) for name, optimizer in optimizers.items()},
             )
             done += 1

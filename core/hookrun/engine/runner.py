@@ -289,7 +289,10 @@ class Runner:
 
     @property
     def epoch(self) -> int:
-        """The running epoch (0-based); once its training is over, the epochs done."""
+        """The running epoch (0-based, as a Python loop's index; the console shows it
+        plus 1); once its training is over (validation inside ``train()``, after the run)
+        the epochs done, so ``after_val_epoch`` reads one more than ``after_train_epoch``
+        of the same epoch (docs/concepts.md, Epoch numbers)."""
         pos = self.position
         closed = pos.epoch_closed(self.validation_schedule.by_epoch) and not pos.epoch_ending
         return pos.epoch + 1 if closed else pos.epoch

@@ -42,8 +42,9 @@ class LoggerSettings(PluginSettings):
         None,
         ge=1,
         description="In `lines` mode, print a line every `interval` iterations and after "
-        "the last one, at the core's reports (`runner.log_interval` must divide it); "
-        "`null`: every `runner.log_interval` iterations. Also the batch interval of "
+        "the last one, at the core's reports (`runner.log_interval` must divide it; in a "
+        "config file it defaults to this interval); `null`: every `runner.log_interval` "
+        "iterations. Also the batch interval of "
         "`log_val_iters` lines.",
     )
     progress: Literal["auto", "bar", "lines", "off"] = Field(
