@@ -250,12 +250,14 @@ def test_ema_and_precise_bn_on_a_compiled_model_match_eager(tmp_path, plugin, se
 
 
 @pytest.mark.slow
-def test_ddp_runs_a_training_step_that_calls_self_compiled_or_not(tmp_path):
+def test_ddp_and_fsdp_run_a_training_step_that_calls_self_compiled_or_not(tmp_path):
     """Under DDP the wrapper's forward is routed to ``training_step``; its own ``self(x)``
-    reaches the (compiled) forward. Eager backend: both runs end with the same weights."""
+    reaches the (compiled) forward. Eager backend: both DDP runs end with the same weights;
+    FSDP, compiled before sharding, ends with them too (its reduce-scatter rounds apart)."""
     job = Path(__file__).parent / "jobs" / "compile_job.py"
     ends = []
-    for name, flag in (("plain", ()), ("compiled", ("--compile",))):
+    runs = (("plain", ()), ("compiled", ("--compile",)), ("fsdp", ("--compile", "--fsdp")))
+    for name, flag in runs:
         outputs = run_ranks(job, tmp_path / name, *flag)
         graphs = [
             int(line.split()[1])
@@ -265,6 +267,7 @@ def test_ddp_runs_a_training_step_that_calls_self_compiled_or_not(tmp_path):
         ]
         assert len(graphs) == 2 and all((g >= 1) == bool(flag) for g in graphs), outputs
         ends.append(torch.load(tmp_path / name / "weights.pt", weights_only=True))
-    assert ends[0].keys() == ends[1].keys() == Net().state_dict().keys()
+    assert ends[0].keys() == ends[1].keys() == ends[2].keys() == Net().state_dict().keys()
     for key in ends[0]:
         assert torch.equal(ends[0][key], ends[1][key]), key
+        torch.testing.assert_close(ends[2][key], ends[0][key], rtol=1e-5, atol=1e-6)

@@ -37,6 +37,24 @@ def prepare(model: nn.Module, compile: bool | Mapping[str, Any]) -> nn.Module:
     return model
 
 
+def compile_sharded(model: nn.Module, compile: bool | Mapping[str, Any]) -> None:
+    """Under FSDP: the forward of every sharded module that holds no other sharded module
+    compiled in place (a per-block compile, as torchtitan does), its FSDP hooks left outside
+    the compiled code. Dynamo cannot trace those hooks: the whole sharded model compiled,
+    before or after sharding, runs every frame eager. Code of the model outside the
+    innermost units (the root's own layers around them) runs eager."""
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+
+    if compile is False:
+        return
+    options = {} if compile is True else dict(compile)
+    for unit in model.modules():
+        inner = [m for m in unit.modules() if m is not unit and isinstance(m, FSDPModule)]
+        if isinstance(unit, FSDPModule) and not inner:
+            unit.forward = torch.compile(unit.forward, **options)
+
+
 def _compile_in_place(module: nn.Module, compiler: Callable[[Any], Any]) -> None:
     """What ``module.compile()`` does, through a function of hookrun's: dynamo skips
     ``_call_impl`` handed over itself when the forward is torch's own (``nn.Linear``,

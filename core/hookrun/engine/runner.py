@@ -182,12 +182,15 @@ class Runner:
             self._loaders = self._wrap_loaders(train_dataloader, val_dataloader, test_dataloader)
         if sync_bn and self.world_size > 1:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        # compiled in place before DDP/FSDP wrap it: plain names, a compiled training_step
-        model = compiled.prepare(model, args.compile).to(self.device)
+        # compiled in place before DDP wraps it: plain names, a compiled training_step;
+        # under FSDP each innermost unit's forward, once sharded
+        sharded = self.strategy == "fsdp"
+        model = compiled.prepare(model, False if sharded else args.compile).to(self.device)
         self.unwrapped_model = model
         self.model: nn.Module = model
-        if self.strategy == "fsdp":
+        if sharded:
             self.model = shard_model(model, self.optimizer, args.fsdp, self.device, amp)
+            compiled.compile_sharded(model, args.compile)
         elif self.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model = nn.parallel.DistributedDataParallel(model, device_ids=ids, **(ddp or {}))
