@@ -98,9 +98,9 @@ def load(
             data[section] = raw[section]
     if raw.get("scheduler"):  # one source: the runner steps the schedules at their interval
         data["runner"]["scheduler_interval"] = schedule_interval(raw["scheduler"], data["runner"])
-    console = _logger_interval(raw)
-    if console is not None and "log_interval" not in raw.get("runner", {}):
-        data["runner"]["log_interval"] = console  # one knob: the console's interval reports
+    reported = _report_interval(raw)
+    if reported is not None and "log_interval" not in raw.get("runner", {}):
+        data["runner"]["log_interval"] = reported[1]  # one knob: the plugin's interval
     return LoadedConfig(path=path, data=data)
 
 
@@ -381,28 +381,41 @@ def _interval_errors(scheduler: Any, runner: dict[str, Any]) -> list[str]:
     ]
 
 
-def _logger_interval(raw: dict[str, Any]) -> int | None:
-    """``plugins.logger.interval`` when the file sets it to a whole number (else pydantic's
-    or the plugin's own error reports it)."""
+def _report_interval(raw: dict[str, Any]) -> tuple[str, int] | None:
+    """The interval a configured plugin reports at, when the file sets it: the setting its
+    class names in ``report_interval_setting`` (the logger's ``interval``), with its path.
+    ``runner.log_interval`` defaults to it. None when no section sets one, or the plugins
+    section has errors of its own (reported by :func:`check_plugins`)."""
+    from hookrun.hooks.manager import PluginManager
+    from hookrun.hooks.plugin import Plugin
+
     plugins = raw.get("plugins")
-    logger = plugins.get("logger") if isinstance(plugins, dict) else None
-    interval = logger.get("interval") if isinstance(logger, dict) else None
-    valid = isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1
-    return interval if valid else None
+    if not isinstance(plugins, dict):
+        return None
+    try:
+        manager = PluginManager(plugins)
+    except HookrunError:
+        return None
+    for name, plugin in manager.plugins.items():
+        if not isinstance(plugin, Plugin) or not isinstance(plugins.get(name), dict):
+            continue
+        setting = plugin.report_interval_setting
+        if setting and setting in plugins[name]:
+            return f"plugins.{name}.{setting}", int(getattr(plugin.settings, setting))
+    return None
 
 
 def _log_interval_errors(raw: dict[str, Any], log_interval: int) -> list[str]:
-    """The console prints at the core's reports, so its interval is a multiple of
-    ``runner.log_interval`` (which defaults to it when only the console's is given)."""
-    console = _logger_interval(raw)
-    if (
-        console is None
-        or "log_interval" not in raw.get("runner", {})
-        or console % log_interval == 0
-    ):
+    """A plugin reports at the core's reports, so its interval is a multiple of
+    ``runner.log_interval`` (which defaults to it when only the plugin's is given)."""
+    found = _report_interval(raw)
+    if found is None or "log_interval" not in raw.get("runner", {}):
+        return []
+    where, interval = found
+    if interval % log_interval == 0:
         return []
     return [
-        f"plugins.logger.interval: {console} is not a multiple of runner.log_interval "
+        f"{where}: {interval} is not a multiple of runner.log_interval "
         f"({log_interval}); lines can only be printed at the core's reports"
     ]
 

@@ -70,6 +70,7 @@ class Logger(Plugin[LoggerSettings]):
     Settings = LoggerSettings
     priority = Priority.BELOW_NORMAL
     enabled_by_default = True
+    report_interval_setting = "interval"  # runner.log_interval defaults to it in config files
 
     def __init__(self, settings: LoggerSettings | None = None) -> None:
         super().__init__(settings)
