@@ -32,7 +32,7 @@ def prepare(model: nn.Module, compile: bool | Mapping[str, Any]) -> nn.Module:
     if dynamo is not None:
         model = _unwrapped(model, dynamo.OptimizedModule)
     if compile is not False:
-        options = {} if compile is True else dict(compile)
+        options = _options(compile)
         _compile_in_place(model, lambda fn: torch.compile(fn, **options))
     return model
 
@@ -48,11 +48,16 @@ def compile_sharded(model: nn.Module, compile: bool | Mapping[str, Any]) -> None
 
     if compile is False:
         return
-    options = {} if compile is True else dict(compile)
-    for unit in model.modules():
-        inner = [m for m in unit.modules() if m is not unit and isinstance(m, FSDPModule)]
-        if isinstance(unit, FSDPModule) and not inner:
+    options = _options(compile)
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        if not any(isinstance(m, FSDPModule) for m in unit.modules() if m is not unit):
             unit.forward = torch.compile(unit.forward, **options)
+
+
+def _options(compile: bool | Mapping[str, Any]) -> dict[str, Any]:
+    """``torch.compile``'s keyword arguments from ``runner.compile`` (True: its defaults)."""
+    return {} if compile is True else dict(compile)  # type: ignore[arg-type]
 
 
 def _compile_in_place(module: nn.Module, compiler: Callable[[Any], Any]) -> None:
