@@ -37,6 +37,7 @@ CRITERION_WAY_OUT = (
 #: or an AttributeError, KeyError or IndexError on a value that is not a tensor (a dict
 #: given where a tensor goes, a mapping indexed as a sequence: ``KeyError: 0``).
 MISFITS = (TypeError, AttributeError, KeyError, IndexError)
+_NOT_YET = object()  # the outputs of a model call that raised
 
 
 class StepError(HookrunError):
@@ -72,10 +73,16 @@ def convention_call(
     try:
         return fn(*args, **kwargs)
     except MISFITS as exc:
-        values = (*args, *kwargs.values())
-        if not isinstance(exc, TypeError) and all(isinstance(v, torch.Tensor) for v in values):
-            raise  # tensors of the right kind: a bug of the code called, with its traceback
+        if _is_bug(exc, (*args, *kwargs.values())):
+            raise
         raise StepError(f"{misfit()}: {type(exc).__name__}: {exc}; {way_out}") from None
+
+
+def _is_bug(exc: BaseException, values: tuple[Any, ...]) -> bool:
+    """Whether ``exc``, raised by a convention's call on ``values``, is a bug of the code
+    called (not a TypeError, and every value a tensor: the right kinds), to be raised with
+    its own traceback rather than as a :class:`StepError` line."""
+    return not isinstance(exc, TypeError) and all(isinstance(v, torch.Tensor) for v in values)
 
 
 def training_losses(
@@ -111,24 +118,32 @@ def criterion_loss(
     model: nn.Module, module: nn.Module, criterion: Any, batch: Any
 ) -> tuple[Any, Any]:
     """``(outputs, loss)`` of a batch under the criterion convention; inputs the model
-    cannot take, or outputs the criterion cannot take, are one line (:func:`convention_call`)."""
+    cannot take, or outputs the criterion cannot take, are one line (as
+    :func:`convention_call`). Both calls share one ``try``: the line is built only when one
+    fails, so the step pays nothing for it."""
     inputs, targets = criterion_pair(batch)
-    outputs = convention_call(
-        model,
-        (inputs,),
-        lambda: f"{type(module).__name__} cannot take the inputs, {_kind(inputs)} ({CRITERION})",
-        "define training_step(batch) on the model, or drop criterion to let the model compute "
-        "its loss",
-    )
-    return outputs, convention_call(
-        criterion,
-        (outputs, targets),
-        lambda: (
-            f"{_name(criterion)} cannot take {type(module).__name__}'s output, "
-            f"{_kind(outputs)}, and the targets, {_kind(targets)} ({CRITERION})"
-        ),
-        CRITERION_WAY_OUT,
-    )
+    outputs: Any = _NOT_YET
+    try:
+        outputs = model(inputs)
+        return outputs, criterion(outputs, targets)
+    except MISFITS as exc:
+        if outputs is _NOT_YET:
+            values: tuple[Any, ...] = (inputs,)
+            line = f"{type(module).__name__} cannot take the inputs, {_kind(inputs)} ({CRITERION})"
+            way_out = (
+                "define training_step(batch) on the model, or drop criterion to let the model "
+                "compute its loss"
+            )
+        else:
+            values = (outputs, targets)
+            line = (
+                f"{_name(criterion)} cannot take {type(module).__name__}'s output, "
+                f"{_kind(outputs)}, and the targets, {_kind(targets)} ({CRITERION})"
+            )
+            way_out = CRITERION_WAY_OUT
+        if _is_bug(exc, values):
+            raise
+        raise StepError(f"{line}: {type(exc).__name__}: {exc}; {way_out}") from None
 
 
 def _metric(name: str, fn: Callable[..., Any], outputs: Any, second: Any, what: str) -> Any:
