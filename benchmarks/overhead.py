@@ -138,28 +138,39 @@ def hand_loop(iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def runner_loop(iters: int, default_plugins: bool) -> float:
+def runner_loop(iters: int, default_plugins: bool, loaded: bool = True) -> float:
     """The Runner with every installed plugin off and no writer (the core's report every 50
-    iterations is the hand loop's .item()), or with the default plugins and writers."""
+    iterations is the hand loop's .item()), or with the default plugins and writers.
+    ``loaded=False``: no plugin distribution loaded at all (autoload off), against which
+    "every installed plugin off" shows what installed-but-disabled plugins cost."""
     from hookrun.hooks.discovery import installed_plugins
 
     model = make_model()
     timing = Timing()
     plugins = None if default_plugins else dict.fromkeys(installed_plugins(), False)
-    with tempfile.TemporaryDirectory() as work_dir:
-        runner = Runner(
-            model,
-            make_data(iters),
-            optimizer=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-            criterion=nn.CrossEntropyLoss(),
-            max_epochs=1,
-            work_dir=work_dir,
-            plugins=plugins,
-            hooks=[timing],
-            writers=("jsonl", "tensorboard") if default_plugins else (),
-            log_interval=50,
-        )
-        runner.train()
+    autoload = os.environ.get("HOOKRUN_PLUGINS_AUTOLOAD")
+    if not loaded:
+        plugins, os.environ["HOOKRUN_PLUGINS_AUTOLOAD"] = {}, "0"
+    try:
+        with tempfile.TemporaryDirectory() as work_dir:
+            runner = Runner(
+                model,
+                make_data(iters),
+                optimizer=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                criterion=nn.CrossEntropyLoss(),
+                max_epochs=1,
+                work_dir=work_dir,
+                plugins=plugins,
+                hooks=[timing],
+                writers=("jsonl", "tensorboard") if default_plugins else (),
+                log_interval=50,
+            )
+            runner.train()
+    finally:
+        if autoload is None:
+            os.environ.pop("HOOKRUN_PLUGINS_AUTOLOAD", None)
+        else:
+            os.environ["HOOKRUN_PLUGINS_AUTOLOAD"] = autoload
     return timing.elapsed / iters
 
 
@@ -218,8 +229,14 @@ def report(title: str, times: Rounds) -> None:
         f"{paired(times, defaults, LOGGING_ADD_SCALAR):.3f} with add_scalar, "
         f"{paired(times, defaults, LOGGING_ONE_EVENT):.3f} with one event per interval"
     )
+    print(
+        "installed plugins, all disabled / none loaded: "
+        f"{paired(times, 'hookrun, no plugins', NOT_LOADED):.3f} (budget: 1.000, nothing per "
+        "iteration)"
+    )
 
 
+NOT_LOADED = "hookrun, no plugin distribution loaded"
 LOGGING_ADD_SCALAR = "hand-written loop + logging (add_scalar)"
 LOGGING_ONE_EVENT = "hand-written loop + logging (one event)"
 
@@ -234,6 +251,7 @@ def main() -> None:
     cases = {
         "hand-written loop": lambda: hand_loop(args.iters),
         "hookrun, no plugins": lambda: runner_loop(args.iters, False),
+        NOT_LOADED: lambda: runner_loop(args.iters, False, loaded=False),
         LOGGING_ADD_SCALAR: lambda: hand_loop_logging(args.iters),
         LOGGING_ONE_EVENT: lambda: hand_loop_logging(args.iters, one_event=True),
         "hookrun, default plugins": lambda: runner_loop(args.iters, True),

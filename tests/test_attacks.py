@@ -24,7 +24,7 @@ from hookrun.config import file as cfg
 from hookrun.engine import workdir
 from hookrun.engine.runner import Runner
 from hookrun.errors import HookrunError
-from hookrun.testing import isolated_env, run_cli, toy_runner_kwargs
+from hookrun.testing import forked, isolated_env, run_cli, toy_runner_kwargs
 
 TASK = """
 import torch
@@ -104,7 +104,7 @@ def hookrun(*args: object, timeout: float = 120) -> subprocess.CompletedProcess[
     """A real ``python -m hookrun`` process; a hang fails the test after ``timeout``."""
     env = isolated_env({k: v for k, v in os.environ.items() if k != "RANK"})
     command = [sys.executable, "-m", "hookrun", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    return forked.run(command, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def trained(capsys: pytest.CaptureFixture[str], config: Path, work: Path, *sets: str) -> None:

@@ -26,7 +26,7 @@ from hookrun.config.arguments import RunnerArguments
 from hookrun.engine.runner import Runner
 from hookrun.errors import ConfigError
 from hookrun.hooks.discovery import installed_plugins
-from hookrun.testing import toy_runner_kwargs, write_toy_task
+from hookrun.testing import forked, toy_runner_kwargs, write_toy_task
 
 LONG_NAME = "n" * 256  # one byte over what ext4, XFS, Btrfs and APFS take
 
@@ -43,7 +43,7 @@ def isolated(**extra: str) -> dict[str, str]:
 
 
 def hookrun(*args: object, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return forked.run(
         [hookrun_script(), *map(str, args)],
         capture_output=True,
         text=True,
@@ -127,7 +127,7 @@ def run_measured(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProces
     out, err = cwd / "stdout.txt", cwd / "stderr.txt"
     start = time.perf_counter()
     with out.open("w") as stdout, err.open("w") as stderr:
-        proc = subprocess.Popen(
+        proc = forked.spawn(
             [hookrun_script(), *args],
             stdout=stdout,
             stderr=stderr,

@@ -23,14 +23,14 @@ from torch import nn
 from hookrun import Runner
 from hookrun.checkpoint import files as ckpt_io
 from hookrun.errors import CheckpointError
-from hookrun.testing import isolated_env, toy_runner_kwargs, write_toy_task
+from hookrun.testing import forked, isolated_env, toy_runner_kwargs, write_toy_task
 
 # -- writes ----------------------------------------------------------------------------------
 
 
 def python(code: str, *args: object, **popen: Any) -> subprocess.CompletedProcess[str]:
     """``code`` in a fresh interpreter; its last stdout line is returned parsed as JSON."""
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
         capture_output=True,
         text=True,
@@ -225,7 +225,7 @@ class Evil:
 
 def hookrun(*args: object, **popen: Any) -> subprocess.Popen[str]:
     """``python -m hookrun ARGS``, started (several run side by side)."""
-    return subprocess.Popen(
+    return forked.spawn(
         [sys.executable, "-m", "hookrun", *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

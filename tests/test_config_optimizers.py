@@ -18,7 +18,7 @@ from hookrun.cli.build import build_task
 from hookrun.cli.prepare import build_runner
 from hookrun.config import file as cfg
 from hookrun.errors import ConfigError
-from hookrun.testing import isolated_env
+from hookrun.testing import forked, isolated_env
 
 pytestmark = pytest.mark.usefixtures("hookrun_isolated")
 
@@ -79,7 +79,7 @@ def gan(tmp_path: Path) -> Path:
 
 def hookrun(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The ``hookrun`` CLI in a process of its own."""
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "-m", "hookrun", *map(str, args)],
         cwd=cwd,
         env=isolated_env(),

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hookrun import Runner
-from hookrun.testing import assert_same_checkpoint, isolated_env, once_per_session
+from hookrun.testing import assert_same_checkpoint, forked, isolated_env, once_per_session
 from jobs import dist_job
 from jobs.dist_job import data, model
 
@@ -43,7 +43,7 @@ def torchrun(
         *args,
     ]
     env = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
+    return forked.run(
         cmd,
         env=env,
         capture_output=True,
@@ -184,7 +184,7 @@ def slurm_tasks(
             MASTER_PORT=str(port),
         )
         procs.append(
-            subprocess.Popen(
+            forked.spawn(
                 [sys.executable, *command],
                 env=env,
                 cwd=cwd,

@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch import nn
 
+from hookrun.testing import forked
 from jobs.each_sample_once_job import ACCUM, EPOCHS, SAMPLES, SAVE_AT, dataset, model, optimizer
 
 pytestmark = pytest.mark.usefixtures("hookrun_isolated")
@@ -38,7 +39,7 @@ def torchrun(work_dir: Path, nproc: int, *args: str) -> subprocess.CompletedProc
         *args,
     ]
     env = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    done = forked.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from _support import ROOT, clean_env, hookrun_script, run
-from hookrun.testing import assert_same_checkpoint, load_checkpoint
+from hookrun.testing import assert_same_checkpoint, forked, load_checkpoint
 
 GAN = ROOT / "examples" / "gan" / "config.yaml"
 LM = ROOT / "examples" / "language_model" / "config.yaml"
@@ -30,7 +30,7 @@ def records(work: Path) -> list[dict]:
 
 
 def start_gan(work: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
+    return forked.spawn(
         [hookrun_script(), "train", str(GAN), "--work-dir", str(work), *GAN_SHORT, *extra],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hookrun.testing import isolated_env, write_toy_task
+from hookrun.testing import forked, isolated_env, write_toy_task
 
 CONFIG = """
 task: toytask.py:build
@@ -46,7 +46,7 @@ def test_a_disk_filling_mid_run_exits_1_naming_the_file_and_every_older_file_loa
 ):
     config = write_toy_task(tmp_path, CONFIG)
     work_dir = small_disk / "run"
-    proc = subprocess.run(
+    proc = forked.run(
         [sys.executable, "-m", "hookrun", "train", str(config), "--work-dir", str(work_dir)],
         capture_output=True,
         text=True,

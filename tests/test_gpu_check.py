@@ -5,21 +5,20 @@ before a GPU machine is lent."""
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from hookrun.testing import isolated_env
+from hookrun.testing import forked, isolated_env
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu.py"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: gpu.py measures")
 def test_without_cuda_it_says_so_and_every_part_runs_on_the_cpu() -> None:
-    bare = subprocess.run(
+    bare = forked.run(
         [sys.executable, SCRIPT], env=isolated_env(), capture_output=True, text=True, timeout=120
     )
     assert (bare.returncode, bare.stderr) == (0, ""), bare.stderr
@@ -27,9 +26,9 @@ def test_without_cuda_it_says_so_and_every_part_runs_on_the_cpu() -> None:
         "benchmarks/gpu.py: no CUDA device on this machine; nothing measured"
     ]
 
-    check = [sys.executable, SCRIPT, "--cpu-check", "--iters", "24", "--repeats", "1"]
+    check = [sys.executable, SCRIPT, "--cpu-check", "--iters", "12", "--repeats", "1"]
     defaults = {**isolated_env(), "HOOKRUN_PLUGINS_AUTOLOAD": "1"}  # as a user runs it
-    ran = subprocess.run(check, env=defaults, capture_output=True, text=True, timeout=300)
+    ran = forked.run(check, env=defaults, capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr[-3000:]
     rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in ran.stdout.splitlines()[1:-1])
     assert list(rows) == [

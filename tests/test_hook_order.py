@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
 import sys
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 
 from hookrun import Runner, hookimpl
 from hookrun.hooks.dispatch import hook_points
-from hookrun.testing import toy_data, toy_runner_kwargs
+from hookrun.testing import forked, toy_data, toy_runner_kwargs
 
 RECORDED = [h for h in hook_points() if h != "extra_models"]
 
@@ -279,7 +278,7 @@ def test_plugins_list_load_shows_the_order_a_run_calls(make_dist, tmp_path):
     called = list(module.CALLS)
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKRUN_")}
-    listed = subprocess.run(
+    listed = forked.run(
         [sys.executable, "-m", "hookrun", "plugins", "list", "--load"],
         capture_output=True,
         text=True,

@@ -7,7 +7,6 @@ and 7 (the epoch's last batch closes a short group): 3 optimizer steps an epoch.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 
 from hookrun import Runner, hookimpl
 from hookrun.testing import (
+    forked,
     isolated_env,
     jsonl_series,
     run_cli,
@@ -214,7 +214,7 @@ def test_schedule_and_runner_agree_on_the_default_length(
     ``T_max: auto`` ends at its minimum only if the schedule's length is the run's."""
     monkeypatch.chdir(tmp_path)
     config = write_toy_task(tmp_path, NO_LENGTH)
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, "-m", "hookrun", "schedule", str(config), "--json"],
         cwd=tmp_path,
         env=isolated_env(),

@@ -17,7 +17,7 @@ from hookrun.config import file as cfg
 from hookrun.config.optimizers import build_optimizer, build_scheduler, run_length
 from hookrun.config.schedule import compute
 from hookrun.errors import ConfigError
-from hookrun.testing import isolated_env, jsonl_series, run_cli, write_toy_task
+from hookrun.testing import forked, isolated_env, jsonl_series, run_cli, write_toy_task
 
 pytestmark = pytest.mark.usefixtures("hookrun_isolated")
 
@@ -169,7 +169,7 @@ plugins: {checkpoint: {interval: 1}, logger: false, timer: false}
 def hookrun(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The ``hookrun`` CLI in a process of its own."""
     command = [sys.executable, "-m", "hookrun", *map(str, args)]
-    done = subprocess.run(
+    done = forked.run(
         command, cwd=cwd, env=isolated_env(), capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr

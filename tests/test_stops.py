@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hookrun.testing import isolated_env
+from hookrun.testing import forked, isolated_env
 
 TASK = '''
 import os
@@ -125,7 +125,7 @@ def hookrun_train(config: Path) -> list[str]:
 
 def start_train(config: Path) -> subprocess.Popen[str]:
     """``hookrun train`` of ``config`` in its own process group, its output captured."""
-    return subprocess.Popen(
+    return forked.spawn(
         hookrun_train(config),
         env=isolated_env(),
         text=True,
@@ -238,7 +238,7 @@ def test_a_run_cut_short_by_a_signal_started_ignored_ends_by_it(
     though the process started with it ignored; the process then ends by that signal (130,
     143), not with 0 after 5 of 6,400 iterations."""
     config = write_task(tmp_path, epochs=400, at=4, action=name)
-    proc = subprocess.run(
+    proc = forked.run(
         ["sh", "-c", shell, *hookrun_train(config)],
         env=isolated_env(),
         capture_output=True,

@@ -23,7 +23,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from hookrun import ConfigError, Runner, already_sharded, hookimpl
 from hookrun.data.sharding import train_sampler
-from hookrun.testing import assert_same_checkpoint, load_checkpoint, run_job
+from hookrun.testing import assert_same_checkpoint, forked, load_checkpoint, run_job
 from jobs.stream_job import EPOCHS
 
 JOB = Path(__file__).parent / "jobs" / "stream_job.py"
@@ -260,7 +260,7 @@ def torchrun(work_dir: Path, kind: str, *args: str) -> subprocess.CompletedProce
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc-per-node=2", str(JOB), str(work_dir), "--kind", kind, *args]
     env = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    return forked.run(command, env=env, capture_output=True, text=True, timeout=240)
 
 
 @pytest.mark.parametrize("kind", ["map", "iterable"])

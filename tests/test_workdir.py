@@ -22,7 +22,7 @@ from hookrun.config import file as cfg
 from hookrun.engine import workdir
 from hookrun.engine.runner import Runner
 from hookrun.errors import HookrunError
-from hookrun.testing import isolated_env, run_cli, toy_runner_kwargs, write_toy_task
+from hookrun.testing import forked, isolated_env, run_cli, toy_runner_kwargs, write_toy_task
 from hookrun.writers import JsonlWriter, TensorBoardWriter, Writer
 
 
@@ -48,7 +48,7 @@ def command(*args: object) -> list[str]:
 
 
 def hookrun(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command(*args), capture_output=True, text=True, env=env(), timeout=120)
+    return forked.run(command(*args), capture_output=True, text=True, env=env(), timeout=120)
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
@@ -65,7 +65,7 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
 
 def paused_run(toy: Path, work: Path, tmp_path: Path) -> subprocess.Popen[str]:
     """A ``hookrun train`` held in before_train, after its writers opened."""
-    process = subprocess.Popen(
+    process = forked.spawn(
         command("train", toy, "--work-dir", work, "--set", f"task_args.pause_dir={tmp_path}"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -88,7 +88,7 @@ def probe_lock(work: Path) -> bool:
         "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
         "except BlockingIOError:\n    sys.exit(1)\n"
     )
-    return subprocess.run([sys.executable, "-c", code]).returncode == 0
+    return forked.run([sys.executable, "-c", code]).returncode == 0
 
 
 # -- the lock ------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_blocks_no
             f"{socket.gethostname()}); wait for it or use another --work-dir"
         )
         seconds = [  # side by side: each takes a couple of seconds to start
-            subprocess.Popen(
+            forked.spawn(
                 command("train", toy, "--work-dir", work, *extra),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -115,7 +115,7 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_blocks_no
             )
             for extra in ([], ["--resume", "auto"])
         ]
-        evaluation = subprocess.Popen(  # val and test take the lock too: they append logs
+        evaluation = forked.spawn(  # val and test take the lock too: they append logs
             command("val", toy, "--work-dir", work),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

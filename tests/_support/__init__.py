@@ -13,6 +13,7 @@ from pathlib import Path
 from hookrun import hookimpl
 from hookrun.config import file as cfg
 from hookrun.errors import ConfigError
+from hookrun.testing import forked
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "examples" / "digits" / "config.yaml"
@@ -31,7 +32,9 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run(*args: object, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    """``hookrun ARGS`` in a process of its own, forked from a server with torch imported
+    (:mod:`hookrun.testing.forked`): the CLI as a user runs it, without its second of start-up."""
+    return forked.run(
         [hookrun_script(), *map(str, args)],
         capture_output=True,
         text=True,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from hookrun.testing import forked
 from hookrun.testing.isolation import isolated_env
 from hookrun.testing.states import assert_same_checkpoint
 from hookrun.testing.task import _hookimpl, accuracy, toy_data, toy_model
@@ -243,11 +244,12 @@ def run_job(
     cwd: str | Path | None = None,
     new_session: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``command`` (a Python script or module after ``sys.executable``) in a fresh process
-    with only named plugins loading; assert its exit status is ``expect`` (``-signal.SIGKILL``
+    """Run ``command`` (a Python script or module after ``sys.executable``) in a process of its
+    own (forked from a server with torch imported: :mod:`hookrun.testing.forked`) with only
+    named plugins loading; assert its exit status is ``expect`` (``-signal.SIGKILL``
     for a killed job) and return it with its captured output. ``new_session``: in its own
     process group, which it may signal as a whole."""
-    proc = subprocess.run(
+    proc = forked.run(
         [sys.executable, *map(str, command)],
         env=isolated_env(env),
         cwd=cwd,
@@ -310,9 +312,12 @@ def run_ranks(
     env = isolated_env()
     env.update(OMP_NUM_THREADS="1", WORLD_SIZE=str(world_size))
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    env["PYTHONPATH"] = os.pathsep.join([*map(str, path), *filter(None, [env.get("PYTHONPATH")])])
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [*map(str, path), *filter(None, [env.get("PYTHONPATH")])]
+        )
     procs = [
-        subprocess.Popen(
+        forked.spawn(
             [sys.executable, str(script), *map(str, args)],
             env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
             stdout=subprocess.PIPE,

@@ -20,6 +20,7 @@ import torch
 from checkpoint_testing import EpochTeller
 
 from hookrun import CheckpointError, hookimpl
+from hookrun.testing import forked
 
 
 def files(folder: Path) -> set[str]:
@@ -177,7 +178,7 @@ def best_job(work_dir: Path, expect: int, **options: Any) -> subprocess.Complete
     """``best_job.py`` in a process of its own; its exit code must be ``expect``."""
     env = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0", "PYTHONPATH": str(BEST_JOB.parent.parent)}
     command = [sys.executable, str(BEST_JOB), str(work_dir), json.dumps(options)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    done = forked.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == expect, done.stderr
     return done
 

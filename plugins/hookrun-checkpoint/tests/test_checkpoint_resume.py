@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 import torch
 
+from hookrun.testing import forked
+
 JOB = Path(__file__).parent / "jobs" / "checkpoint_job.py"
 ENV = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0"}
 
 
 def start(work_dir: Path, **options: Any) -> subprocess.Popen:
-    return subprocess.Popen(
+    return forked.spawn(
         [sys.executable, str(JOB), str(work_dir), json.dumps(options)],
         env=ENV,
         stdout=subprocess.PIPE,

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 from ema_testing import bn_mlp, resume_job
 from hookrun_ema import EMA, EMASettings
+
+from hookrun.testing import forked
 
 SCRIPT = """
 import sys
@@ -30,7 +31,7 @@ def run(tmp_path: Path, kill_at: int) -> int:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
     args = [str(tmp_path / "job.py"), str(tmp_path / "killed"), str(kill_at)]
     command = [sys.executable, *args, str(tmp_path / "resumed.pt")]
-    return subprocess.run(command, env=env, timeout=120).returncode
+    return forked.run(command, env=env, timeout=120).returncode
 
 
 def flat(state: dict) -> dict[str, object]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,7 +15,7 @@ import torch
 from nan_guard_testing import Inject
 
 from hookrun import PluginError, Runner, hookimpl
-from hookrun.testing import isolated_env, tensors, toy_data, toy_model
+from hookrun.testing import forked, isolated_env, tensors, toy_data, toy_model
 
 needs_checkpoint = pytest.mark.skipif(
     importlib.util.find_spec("hookrun_checkpoint") is None,
@@ -143,7 +142,7 @@ def test_cli_raise_exits_1_naming_iteration_and_tensors(tmp_path: Path) -> None:
         "runner: {max_epochs: 1, device: cpu, writers: []}\n"
         "plugins: {nan_guard: {action: raise}}\n"
     )
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "-m", "hookrun", "train", str(config), "--work-dir", str(tmp_path / "w")],
         capture_output=True,
         text=True,

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import sys
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -144,14 +145,17 @@ class NeptuneWriter(Writer):
     def _init(self, mode: str | None) -> Any:
         import neptune
 
-        return neptune.init_run(
-            project=self.project,
-            name=self.run_name,
-            tags=self.tags,
-            mode=mode,  # type: ignore[arg-type]
-            custom_run_id=self.custom_run_id,
-            **self.init_kwargs,
-        )
+        with warnings.catch_warnings():
+            # a machine without NVIDIA's library has no GPU to report: not worth a warning
+            warnings.filterwarnings("ignore", message=r"Info \(NVML\)")
+            return neptune.init_run(
+                project=self.project,
+                name=self.run_name,
+                tags=self.tags,
+                mode=mode,  # type: ignore[arg-type]
+                custom_run_id=self.custom_run_id,
+                **self.init_kwargs,
+            )
 
     def _log_config(self) -> None:
         """The config under ``parameters`` (values Neptune cannot hold as text)."""
