@@ -134,7 +134,7 @@ class Forked:
                         chunks[pipe].append(data)
                     else:
                         selector.unregister(pipe)
-        outputs = []
+        outputs: list[Any] = []
         for pipe in (self.stdout, self.stderr):
             if pipe is None:
                 outputs.append(None)
@@ -376,7 +376,8 @@ def _run_job(job: dict[str, Any], fds: list[int]) -> None:
         sys.stdin = open(0, closefd=False)  # noqa: SIM115
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
-        sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+        for name in ("stdin", "stdout", "stderr"):  # what the interpreter set them to
+            setattr(sys, f"__{name}__", getattr(sys, name))
         os.chdir(job["cwd"])
         os.environ.clear()
         os.environ.update(job["env"])
@@ -414,7 +415,7 @@ def _run_command(job: dict[str, Any]) -> int:
             sys.path.insert(0, os.path.dirname(job["console"]))
             from hookrun.cli.commands import main
 
-            sys.exit(main())
+            main()
     except SystemExit as exc:
         return _exit_code(exc.code)
     except KeyboardInterrupt:  # the interpreter ends by the signal after its traceback
