@@ -15,8 +15,9 @@ import pytest
 from hookrun.testing import forked
 
 JOB = """\
-import os, sys
+import os, sys, tempfile
 print(__name__, sys.argv[1:], os.getcwd(), os.environ.get("PROBE"), sys.path[0] == "{first}")
+print(tempfile.gettempdir())
 print("to stderr", file=sys.stderr)
 sys.exit(int(sys.argv[-1]))
 """
@@ -31,7 +32,8 @@ def test_a_job_prints_and_exits_as_the_interpreter_would(tmp_path: Path, form: s
         "-c": [sys.executable, "-c", JOB.format(first=first)],
         "-m": [sys.executable, "-m", "probe"],
     }[form] + ["a b", "3"]
-    options = dict(cwd=tmp_path, env=dict(os.environ, PROBE="yes"), capture_output=True, text=True)
+    env = dict(os.environ, PROBE="yes", TMPDIR=str(tmp_path))
+    options = dict(cwd=tmp_path, env=env, capture_output=True, text=True)
     real = subprocess.run(command, **options)  # type: ignore[call-overload]
     fork = forked.run(command, **options)
     assert (fork.returncode, fork.stdout, fork.stderr) == (

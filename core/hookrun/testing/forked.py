@@ -381,6 +381,7 @@ def _run_job(job: dict[str, Any], fds: list[int]) -> None:
         os.chdir(job["cwd"])
         os.environ.clear()
         os.environ.update(job["env"])
+        tempfile.tempdir = None  # found from TMPDIR on first use: the job's, not the server's
         _thread_settings(job["env"])
         code = _run_command(job)
     finally:
