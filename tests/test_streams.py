@@ -195,6 +195,7 @@ def test_schedule_auto_over_a_stream_asks_for_numbers(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata's, under torch 2.13
 def test_a_stateful_loader_under_ddp_must_be_sharded_by_its_user() -> None:
     """hookrun does not rebuild a loader that resumes by its own state: under
     torch.distributed one without a ``DistributedSampler`` or the already-sharded mark is
