@@ -265,7 +265,8 @@ def _connect() -> socket.socket:
         )
         atexit.register(_stop, server, folder)
     path = _SERVER["path"]
-    for _ in range(600):  # the server imports torch before it listens (seconds)
+    deadline = time.monotonic() + 300  # it imports torch before it listens: seconds, loaded
+    while time.monotonic() < deadline:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             connection.connect(path)
@@ -275,7 +276,7 @@ def _connect() -> socket.socket:
             if _SERVER["server"].poll() is not None:
                 raise RuntimeError("the fork server ended before it listened") from None
             time.sleep(0.05)
-    raise RuntimeError("the fork server did not listen within 30 s")
+    raise RuntimeError("the fork server did not listen within 300 s")
 
 
 def _python_variables(env: Mapping[str, str]) -> dict[str, str]:
