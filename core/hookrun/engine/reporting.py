@@ -14,13 +14,13 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
-
-import torch
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from hookrun.cli.numbers import format_number, format_scalar
 from hookrun.engine.position import ValidationSchedule
+
+if TYPE_CHECKING:  # torch is imported on use: the logger imports the line functions
+    from rich.console import Console
 
 #: Shown in their own places on a report line, not as ``name value`` pairs.
 OWN_PLACE = ("train/eta", "train/lr")
@@ -59,6 +59,7 @@ class Reporter:
         two numbers, on the CPU (no device sync), tells every rank the stop signal any rank
         caught and the slowest rank's mean data time over the interval
         (``clock.slowest_data_time``, which the timer publishes)."""
+        import torch
         import torch.distributed as dist
 
         runner = self.runner
@@ -88,6 +89,8 @@ class Reporter:
         scalars.update(lr_scalars(self.lrs))
         rate, eta = self.pace(done)
         if runner.device.type == "cuda":
+            import torch
+
             scalars["train/memory"] = torch.cuda.max_memory_allocated(runner.device) / 2**20
             torch.cuda.reset_peak_memory_stats(runner.device)
         runner.write_scalars(scalars, step=done)
