@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sized
+from collections.abc import Generator, Sized
 from typing import Any, Literal
 
 from pydantic import Field
@@ -149,6 +149,13 @@ class Logger(Plugin[LoggerSettings]):
     @hookimpl
     def after_test_epoch(self, runner: RunnerProtocol, metrics: dict[str, float]) -> None:
         self._metrics_line(runner, "test", metrics)
+
+    @hookimpl(wrapper=True)
+    def after_train(self) -> Generator[None, Any, Any]:
+        """Stop the bar before every other ``after_train``: the lines printed at the end
+        (the timer's totals) come after its last frame, not above it."""
+        self._stop_bar()
+        return (yield)
 
     @hookimpl
     def after_run(self) -> None:

@@ -124,7 +124,8 @@ def test_bar_on_a_terminal_is_redrawn_by_time_not_by_iteration(make_runner):
     assert 1 <= frames <= elapsed * 4 + 3 < 200
     assert "\x1b[?25h" in text  # cursor shown again: the bar was stopped
     final = text.rsplit("epoch 8/8", 1)[1]
-    assert re.match(r" ━+ 200/200 loss \d\.\d{1,4} lr 5\.000e-02 [\d.]+ it/s ETA \d:\d\d:\d\d", final)
+    bar = r" ━+ 200/200 loss \d\.\d{1,4} lr 5\.000e-02 [\d.]+ it/s ETA \d:\d\d:\d\d"
+    assert re.match(bar, final)
     assert not LINE.search(text)  # no per-interval lines under a bar
 
 
