@@ -58,9 +58,9 @@ def evaluate_or_stop(
             done()
         if points is not None:
             if metrics is not None:
-                getattr(points, f"after_{mode}_epoch")(runner=runner, metrics=metrics)
                 if runner.reporter.prints and runner.is_main:  # no plugin renders the console
                     write_line(runner.console, metrics_line(runner, mode, metrics))
+                getattr(points, f"after_{mode}_epoch")(runner=runner, metrics=metrics)
                 runner.last_metrics[mode] = dict(metrics)
                 runner.write_scalars({f"{mode}/{k}": v for k, v in metrics.items()})
             getattr(points, f"after_{mode}")(runner=runner)
