@@ -76,7 +76,7 @@ def s3_runs(moto_s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> dict
 
 
 def test_sigkill_then_resume_auto_from_s3_on_a_new_machine_is_bit_identical(s3_runs):
-    assert "saved checkpoint s3://bucket/run/iter_8.pt" in s3_runs["killed"]
+    assert "checkpoint: saved iter_8.pt" in s3_runs["killed"]
     assert set(s3_runs["after_kill"]) == {"iter_6.pt", "iter_8.pt", "latest"}
     assert s3_runs["after_kill"]["latest"] == b"iter_8.pt\n"
     assert "resumed from s3://bucket/run/iter_8.pt at iteration 8" in s3_runs["resumed"]

@@ -38,7 +38,7 @@ def test_console_schedule_and_checkpoints_count_epochs_from_one(tmp_path):
     assert [(int(e), int(i)) for e, i in shown] == [
         (i // 4 + (i % 4 > 0), i) for i in range(2, 13, 2)
     ]
-    assert "val (epoch 1, iter 4)" in trained.stdout  # the table after the first epoch
+    assert "val  epoch 1  iter 4  " in trained.stdout  # the line after the first epoch
     first = load_checkpoint(work / "checkpoints" / "epoch_1.pt")
     assert (first["meta"]["epoch"], first["meta"]["iter"]) == (1, 4)  # epoch 1, done
 

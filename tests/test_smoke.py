@@ -36,9 +36,9 @@ def test_smoke_runs_the_digits_config_and_leaves_its_work_dir_alone(tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "epoch 1/1  iter 2/2" in out  # one epoch of two batches
-    assert "val (epoch 1, iter 2)" in out and "test (iter 2)" in out
+    assert "val  epoch 1  iter 2  loss " in out and "test  iter 2  loss " in out
     # the config's plugins ran: precise-BN's pass, the checkpoint plugin's saves
-    assert "precise_bn: recomputed" in out and "checkpoint: saved checkpoint" in out
+    assert "precise_bn: recomputed" in out and "checkpoint: saved epoch_1.pt" in out
     assert "smoke run passed" in out
     assert tree(work) == before  # nothing in the config's work dir changed
     used = out.split("its work dir ")[1].split(" is removed")[0]

@@ -44,7 +44,6 @@ def test_tensorboard_and_jsonl_hold_the_expected_tags_and_steps(tmp_path):
         "custom/loss",
         "train/loss",
         "train/lr",
-        "train/eta",
         "val/loss",
         "val/accuracy",
     }

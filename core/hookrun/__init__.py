@@ -40,7 +40,12 @@ _EXPORTS = {
     "metric_rule": "hookrun.direction",
     "better": "hookrun.direction",
     "resolve_rule": "hookrun.direction",
-    "format_duration": "hookrun.cli.durations",
+    "format_duration": "hookrun.cli.numbers",
+    "format_number": "hookrun.cli.numbers",
+    "format_scalar": "hookrun.cli.numbers",
+    "report_line": "hookrun.engine.reporting",
+    "epoch_label": "hookrun.engine.reporting",
+    "metrics_line": "hookrun.engine.reporting",
     "batch_size": "hookrun.engine.steps",
     "RunnerProtocol": "hookrun.hooks.protocol",
     "LoopPosition": "hookrun.engine.position",
@@ -65,7 +70,9 @@ if TYPE_CHECKING:
     from hookrun.checkpoint.files import atomic_write_text as atomic_write_text
     from hookrun.checkpoint.files import checkpoint_state_file as checkpoint_state_file
     from hookrun.checkpoint.files import remove_checkpoint as remove_checkpoint
-    from hookrun.cli.durations import format_duration as format_duration
+    from hookrun.cli.numbers import format_duration as format_duration
+    from hookrun.cli.numbers import format_number as format_number
+    from hookrun.cli.numbers import format_scalar as format_scalar
     from hookrun.data.loaders import loader_options as loader_options
     from hookrun.data.loaders import mix_seed as mix_seed
     from hookrun.data.sharding import already_sharded as already_sharded
@@ -84,6 +91,9 @@ if TYPE_CHECKING:
     from hookrun.distributed.collectives import rank_zero_only as rank_zero_only
     from hookrun.engine.position import LoopPosition as LoopPosition
     from hookrun.engine.position import Phase as Phase
+    from hookrun.engine.reporting import epoch_label as epoch_label
+    from hookrun.engine.reporting import metrics_line as metrics_line
+    from hookrun.engine.reporting import report_line as report_line
     from hookrun.engine.runner import Runner as Runner
     from hookrun.engine.scalars import ScalarStore as ScalarStore
     from hookrun.engine.steps import batch_size as batch_size

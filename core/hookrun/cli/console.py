@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from hookrun.cli.numbers import format_number
 from hookrun.distributed.cluster import env_rank
 
 
@@ -49,7 +50,7 @@ def print_summary(
     for name, _ in columns:
         table.add_column(name, justify="right")
     for key in dict.fromkeys(k for _, m in columns for k in m):
-        table.add_row(key, *(format_value(m[key]) if key in m else "" for _, m in columns))
+        table.add_row(key, *(format_number(m[key]) if key in m else "" for _, m in columns))
     console = runner.console
     if columns:
         console.print(table)
@@ -69,14 +70,6 @@ def print_summary(
         lines.append(("writers", ", ".join(others)))
     for label, text in lines:
         console.print(f"{label + ':':<13} {text}", markup=False, soft_wrap=True)
-
-
-def format_value(value: float) -> str:
-    """Four decimals between 0.001 and 100000, else scientific notation: a loss of 1e-5 is
-    not ``0.0000`` (the rule of the logger's per-split tables)."""
-    if value == 0 or 1e-3 <= abs(value) < 1e5:
-        return f"{value:.4f}"
-    return f"{value:.3e}"
 
 
 def writer_names(spec: Any) -> list[str]:

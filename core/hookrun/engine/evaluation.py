@@ -17,6 +17,7 @@ from hookrun.data.limits import limited
 from hookrun.data.loaders import make_loader
 from hookrun.data.sharding import eval_sampler
 from hookrun.distributed import fsdp, process_group
+from hookrun.engine.reporting import metrics_line, write_line
 from hookrun.engine.steps import MetricMeans, batch_size, evaluation_values, to_device
 from hookrun.errors import ConfigError
 
@@ -57,6 +58,8 @@ def evaluate_or_stop(
             done()
         if points is not None:
             if metrics is not None:
+                if runner.reporter.prints and runner.is_main:  # no plugin renders the console
+                    write_line(runner.console, metrics_line(runner, mode, metrics))
                 getattr(points, f"after_{mode}_epoch")(runner=runner, metrics=metrics)
                 runner.last_metrics[mode] = dict(metrics)
                 runner.write_scalars({f"{mode}/{k}": v for k, v in metrics.items()})

@@ -1,7 +1,9 @@
 """Training reports, owned by the core: every ``log_interval`` iterations, at each epoch's
 end and after the last iteration (the loop decides, inline), the scalar store is read once
 (one host transfer from a GPU) and ``train/*`` goes to every writer, then ``after_report``
-lets plugins render it.
+lets plugins render it. When no plugin renders the console (``Plugin.renders_console``), the
+core prints :func:`report_line` itself at every report, and :func:`metrics_line` after each
+validation and test.
 
 Between reports an iteration costs one integer check: tensors stay on the device. Under
 torch.distributed a report point is also where the ranks meet, in one small all-reduce.
@@ -12,11 +14,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from hookrun.cli.numbers import format_number, format_scalar
 from hookrun.engine.position import ValidationSchedule
+
+if TYPE_CHECKING:  # torch is imported on use: the logger imports the line functions
+    from rich.console import Console
+
+#: Shown in their own places on a report line, not as ``name value`` pairs.
+OWN_PLACE = ("train/eta", "train/lr")
 
 
 class Reporter:
@@ -32,6 +39,10 @@ class Reporter:
         # stream until its first epoch ended: no ETA until then)
         self.last: int | None = 0
         self.group: Any = None  # a gloo group for the report points' all-reduce (CPU tensors)
+        # the core prints the console lines itself when no plugin renders the console
+        self.prints = not any(
+            getattr(plugin, "renders_console", False) for plugin in runner.plugins.values()
+        )
 
     def start(self, done: int) -> None:
         runner = self.runner
@@ -48,6 +59,7 @@ class Reporter:
         two numbers, on the CPU (no device sync), tells every rank the stop signal any rank
         caught and the slowest rank's mean data time over the interval
         (``clock.slowest_data_time``, which the timer publishes)."""
+        import torch
         import torch.distributed as dist
 
         runner = self.runner
@@ -66,37 +78,90 @@ class Reporter:
         }
 
     def report(self, done: int) -> None:
-        """Read, write and announce the report of ``done`` completed iterations (rank 0)."""
+        """Read, write and announce the report of ``done`` completed iterations (rank 0).
+        ``train/eta`` goes to ``after_report`` (and the console) but to no writer: it is a
+        moment's estimate, not a series."""
         runner = self.runner
         runner.clock.fold()
         if not runner.is_main:
             return
         scalars = runner.scalars.report("train/")
         scalars.update(lr_scalars(self.lrs))
-        eta = self.eta(done)
-        if eta is not None:
-            scalars["train/eta"] = eta
+        rate, eta = self.pace(done)
         if runner.device.type == "cuda":
+            import torch
+
             scalars["train/memory"] = torch.cuda.max_memory_allocated(runner.device) / 2**20
             torch.cuda.reset_peak_memory_stats(runner.device)
         runner.write_scalars(scalars, step=done)
+        if eta is not None:
+            scalars = {**scalars, "train/eta": eta}
         runner.hooks.after_report(runner=runner, scalars=scalars, step=done)
+        if self.prints:
+            write_line(runner.console, report_line(runner, done, scalars, rate))
 
-    def eta(self, done: int) -> float | None:
-        """Seconds left: the remaining iterations at the last interval's pace (validation cut
-        out), plus the remaining validations at their measured mean."""
+    def pace(self, done: int) -> tuple[float, float | None]:
+        """Iterations per second since the previous report, validation cut out, and the
+        seconds left: the remaining iterations at that pace plus the remaining validations
+        at their measured mean (None while the run's length is unknown)."""
         clock = self.runner.clock
         now, validating = time.perf_counter(), clock.val_seconds
         then, then_done, then_validating = self.mark
         self.mark = (now, done, validating)
+        seconds = max(now - then - (validating - then_validating), 0.0)
+        rate = (done - then_done) / seconds if seconds > 0 else 0.0
         if done <= then_done or self.last is None:
-            return None
-        seconds = now - then - (validating - then_validating)
-        eta = (self.last - done) * max(seconds, 0.0) / (done - then_done)
+            return rate, None
+        eta = (self.last - done) * seconds / (done - then_done)
         if clock.val_passes:
             mean = validating / clock.val_passes
             eta += remaining_validations(self.runner, done) * mean
-        return eta
+        return rate, eta
+
+
+def report_line(runner: Any, step: int, scalars: Mapping[str, float], rate: float) -> str:
+    """One plain console line for a report: the epoch, the iteration, every ``train/*``
+    scalar with its unit, the learning rate, the speed (``rate`` iterations per second)
+    and the ETA. The logger's ``lines`` mode and the core's own console print it."""
+    total = runner.max_iters  # None: a stream whose first epoch has not ended
+    parts = [epoch_label(runner), f"iter {step}" + (f"/{total}" if total is not None else "")]
+    for name, value in scalars.items():
+        if name not in OWN_PLACE and not name.startswith("train/lr/"):
+            parts.append(f"{name.removeprefix('train/')} {format_scalar(name, value)}")
+    lr = scalars.get("train/lr", scalars.get("train/lr/group0"))
+    if lr is not None:
+        parts.append(f"lr {format_scalar('train/lr', lr)}")
+    parts.append(f"{format_number(rate)} it/s")
+    if "train/eta" in scalars:
+        parts.append(f"eta {format_scalar('train/eta', scalars['train/eta'])}")
+    return "  ".join(parts)
+
+
+def epoch_label(runner: Any) -> str:
+    """The running epoch as the console counts it, from 1: ``epoch 2/15`` when the run is
+    a number of epochs, else ``epoch 2``."""
+    epoch = runner.epoch + 1
+    if runner.by_epoch and runner.max_epochs:
+        return f"epoch {min(epoch, runner.max_epochs)}/{runner.max_epochs}"
+    return f"epoch {epoch}"
+
+
+def metrics_line(runner: Any, mode: str, metrics: Mapping[str, float]) -> str:
+    """One console line for a validation or test:
+    ``val  epoch 3  iter 24  loss 0.03671  accuracy 0.9889`` (a test has no epoch). During
+    ``after_val_epoch`` ``runner.epoch`` counts the epochs done: the epoch validated."""
+    where = f"epoch {runner.epoch}  iter {runner.iter}" if mode == "val" else f"iter {runner.iter}"
+    values = [f"{name} {format_number(value)}" for name, value in metrics.items()]
+    return "  ".join([mode, where, *values])
+
+
+def write_line(console: Console, line: str) -> None:
+    """A plain line straight to the console's file, unless the console is quiet: there is
+    no live display to keep intact, and this costs a microsecond where ``Console.print``
+    costs ~100."""
+    if not console.quiet:
+        console.file.write(line + "\n")
+        console.file.flush()
 
 
 def remaining_validations(runner: Any, done: int) -> int:

@@ -75,6 +75,9 @@ class Plugin(Generic[SettingsT]):
     """Where it runs at every hook point (lower first); a config's ``priority:`` overrides it."""
     enabled_by_default: ClassVar[bool] = True
     """Whether it runs whenever installed (unless the config disables it)."""
+    renders_console: ClassVar[bool] = False
+    """Whether it shows the run's progress on the console (the logger): while no enabled
+    plugin does, the core prints a line at every report and after each validation/test."""
 
     def __init__(self, settings: SettingsT | None = None) -> None:
         self.settings: SettingsT = (

@@ -268,8 +268,9 @@ def after_report(runner: RunnerProtocol, scalars: dict[str, float], step: int) -
     ``log_interval`` iterations, at each epoch's end and after the last iteration.
 
     Arguments: ``runner``; ``scalars``, the host floats just written (``train/loss``
-    smoothed over the interval, ``train/lr``, ``train/eta``, gauges such as the timer's);
-    ``step``, the number of completed iterations.
+    smoothed over the interval, ``train/lr``, gauges such as the timer's) plus
+    ``train/eta``, the seconds left, which no writer gets (a moment's estimate for the
+    console); ``step``, the number of completed iterations.
     A hook may: render them (the logger plugin prints its console lines here), forward them
     elsewhere. It costs nothing between reports.
 

@@ -39,6 +39,7 @@ from hookrun import (
     RunnerProtocol,
     all_gather_object,
     barrier,
+    format_number,
     hookimpl,
     location,
     resolve_rule,
@@ -223,10 +224,8 @@ class Checkpoint(Plugin[CheckpointSettings]):
                 bests[metric] = record.best[metric]
         names = tops + [entry["file"] for entry in bests.values()]
         if names:
-            self._save(runner, names, record)
-            scores = ", ".join(f"{m} {e['score']:.6g}" for m, e in bests.items())
-            if scores:
-                runner.info(f"checkpoint: new best {scores}")
+            scores = ", ".join(f"{m} {format_number(e['score'])}" for m, e in bests.items())
+            self._save(runner, names, record, note=f" (new best {scores})" if scores else "")
 
     @hookimpl
     def save_on_stop(self, runner: RunnerProtocol) -> Path | URL:
@@ -296,10 +295,12 @@ class Checkpoint(Plugin[CheckpointSettings]):
         record: Ledger | None = None,
         emergency: bool = False,
         background: bool = True,
+        note: str = "",
     ) -> None:
         """Write one state to ``names`` with ``record`` as the next record (default: a
         periodic name from its position, added to the record), then point ``latest`` at it
-        and delete the files whose last role this save took away. The file holds the record
+        and delete the files whose last role this save took away; its one console line
+        names the files and ends with ``note`` (a new best). The file holds the record
         as it is once the file exists; until then any failure (a ``before_save_checkpoint``
         hook, the host copy, the write) puts the record back as it was, so no later
         checkpoint claims a file that was never written. A background write keeps the old
@@ -309,7 +310,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         sharded = runner.sharded_checkpoints  # FSDP: every rank writes its shards, in step
         background = background and self.settings.async_save and not sharded
         try:
-            self._save_now(runner, names, record, emergency, background)
+            self._save_now(runner, names, record, emergency, background, note)
         except BaseException:
             self._set_state(*previous)
             raise
@@ -325,8 +326,10 @@ class Checkpoint(Plugin[CheckpointSettings]):
         record: Ledger | None,
         emergency: bool,
         background: bool,
+        note: str,
     ) -> None:
-        """The body of :meth:`_save`: the next record, the state, the write."""
+        """The body of :meth:`_save`: the next record, the state, the write. Its line names
+        the files relative to the folder (the run's summary names the folder)."""
         before = [*self.ledger.roles(), *self.pending]
         ledger = self.ledger = record or self.ledger
         state = runner.checkpoint_state(self.settings.save_optimizer)
@@ -345,11 +348,10 @@ class Checkpoint(Plugin[CheckpointSettings]):
             job = self.writer.host.copy(state)
             write = runner.write_checkpoint
             self.writer.submit(lambda: _write(storage, write, job, names, delete), paths[0])
-            runner.info(f"checkpoint: writing {paths[0]} in the background")
+            runner.info(f"checkpoint: writing {', '.join(names)} in the background{note}")
         else:
             _write(storage, runner.write_checkpoint, state, names, delete, runner.is_main)
-            kind = "emergency checkpoint" if emergency else "checkpoint"
-            runner.info(f"checkpoint: saved {kind} {', '.join(map(str, paths))}")
+            runner.info(f"checkpoint: saved {', '.join(names)}{note}")
 
     def _wait(self) -> None:
         """Wait for the write in flight; when it failed, put the bookkeeping back as it was

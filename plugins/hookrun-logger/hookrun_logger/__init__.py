@@ -1,16 +1,18 @@
-"""hookrun-logger: the console view of a run: a progress bar or plain lines, metric tables.
+"""hookrun-logger: the console view of a run: a progress bar or plain lines, one line per
+validation and test.
 
 The core reports training scalars to every writer (``runner.log_interval``); this plugin
 only renders those reports (``after_report``), so between reports it costs nothing and the
 writers get every scalar without it. The progress bar is redrawn by rich's own thread on a
-clock.
+clock. The lines themselves are the core's (``hookrun.report_line``, ``hookrun.metrics_line``),
+so a run without this plugin prints the same ones.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping, Sized
+from collections.abc import Generator, Sized
 from typing import Any, Literal
 
 from pydantic import Field
@@ -25,14 +27,15 @@ from hookrun import (
     PluginSettings,
     Priority,
     RunnerProtocol,
-    format_duration,
+    epoch_label,
+    format_number,
+    format_scalar,
     hookimpl,
+    metrics_line,
+    report_line,
 )
 
 __all__ = ["Logger", "LoggerSettings"]
-
-#: Rendered in their own places on a line, not as ``name value`` pairs.
-OWN_PLACE = ("train/eta", "train/lr")
 
 
 class LoggerSettings(PluginSettings):
@@ -64,13 +67,15 @@ class LoggerSettings(PluginSettings):
 
 
 class Logger(Plugin[LoggerSettings]):
-    """Console progress, scalars to the writers every ``interval`` iterations, metric tables."""
+    """Console progress: a bar or a line every ``interval`` iterations, a line per
+    validation and test."""
 
     name = "logger"
     Settings = LoggerSettings
     priority = Priority.BELOW_NORMAL
     enabled_by_default = True
     report_interval_setting = "interval"  # runner.log_interval defaults to it in config files
+    renders_console = True  # the core prints no lines of its own
 
     def __init__(self, settings: LoggerSettings | None = None) -> None:
         super().__init__(settings)
@@ -119,7 +124,7 @@ class Logger(Plugin[LoggerSettings]):
             then, then_iter = self._mark
             self.rate = (step - then_iter) / (now - then) if now > then else 0.0
             self._mark = (now, step)
-            write_line(runner.console, train_line(runner, step, scalars, self.rate))
+            write_line(runner.console, report_line(runner, step, scalars, self.rate))
 
     @hookimpl
     def before_val_epoch(self, runner: RunnerProtocol) -> None:
@@ -139,11 +144,18 @@ class Logger(Plugin[LoggerSettings]):
 
     @hookimpl
     def after_val_epoch(self, runner: RunnerProtocol, metrics: dict[str, float]) -> None:
-        self._metrics_table(runner, "val", metrics)
+        self._metrics_line(runner, "val", metrics)
 
     @hookimpl
     def after_test_epoch(self, runner: RunnerProtocol, metrics: dict[str, float]) -> None:
-        self._metrics_table(runner, "test", metrics)
+        self._metrics_line(runner, "test", metrics)
+
+    @hookimpl(wrapper=True)
+    def after_train(self) -> Generator[None, Any, Any]:
+        """Stop the bar before every other ``after_train``: the lines printed at the end
+        (the timer's totals) come after its last frame, not above it."""
+        self._stop_bar()
+        return (yield)
 
     @hookimpl
     def after_run(self) -> None:
@@ -169,12 +181,15 @@ class Logger(Plugin[LoggerSettings]):
         if self.display == "lines" and state[1] % self.every == 0:
             write_line(runner.console, eval_line(state))
 
-    def _metrics_table(
-        self, runner: RunnerProtocol, mode: str, metrics: Mapping[str, float]
-    ) -> None:
+    def _metrics_line(self, runner: RunnerProtocol, mode: str, metrics: dict[str, float]) -> None:
+        """One line (``val  epoch 3  iter 24  loss 0.03671 ...``), printed above a bar."""
         self._eval = None
         if runner.is_main and metrics:
-            runner.console.print(metrics_table(runner, mode, metrics))
+            line = metrics_line(runner, mode, metrics)
+            if self.live is not None:
+                runner.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            else:
+                write_line(runner.console, line)
 
     def _stop_bar(self) -> None:
         self._eval = None
@@ -228,15 +243,16 @@ class ProgressView:
         elif rate > 0 and total is not None:  # a stream's epoch run: known after an epoch
             eta = (total - done) / rate
         loss = self.values.get("train/loss")
+        lr = self.values.get("train/lr", self.values.get("train/lr/group0"))
         grid = Table.grid(padding=(0, 1))
         grid.add_row(
-            epoch_text(runner),
+            epoch_label(runner),
             ProgressBar(total=None if total is None else max(total, 1), completed=done, width=30),
             f"{done}/{total}" if total is not None else f"{done}",
-            "loss " + (fmt(loss) if loss is not None else "-"),
-            "lr " + (fmt_lr(self.values) or "-"),
-            f"{rate:.1f} it/s",
-            "ETA " + (format_duration(eta) if eta is not None else "-"),
+            "loss " + (format_number(loss) if loss is not None else "-"),
+            "lr " + (format_scalar("train/lr", lr) if lr is not None else "-"),
+            f"{format_number(rate)} it/s",
+            "ETA " + (format_scalar("train/eta", eta) if eta is not None else "-"),
         )
         return grid
 
@@ -263,54 +279,8 @@ def write_line(console: Console, line: str) -> None:
         console.file.flush()
 
 
-def train_line(runner: RunnerProtocol, step: int, values: Mapping[str, float], rate: float) -> str:
-    """One plain console line for a report (``lines`` mode): every ``train/*`` scalar of
-    the report, the learning rate, the speed and the ETA."""
-    total = runner.max_iters  # None: a stream whose first epoch has not ended
-    parts = [epoch_text(runner), f"iter {step}" + (f"/{total}" if total is not None else "")]
-    for name, value in values.items():
-        if name not in OWN_PLACE and not name.startswith("train/lr/"):
-            parts.append(f"{name.removeprefix('train/')} {fmt(value)}")
-    lr = fmt_lr(values)
-    if lr:
-        parts.append(f"lr {lr}")
-    parts.append(f"{rate:.1f} it/s")
-    if "train/eta" in values:
-        parts.append(f"eta {format_duration(values['train/eta'])}")
-    return "  ".join(parts)
-
-
 def eval_line(state: list[Any]) -> str:
     mode, done, total, started = state
     elapsed = time.perf_counter() - started
     rate = done / elapsed if elapsed > 0 else 0.0
-    return f"{mode} [{done}/{total if total is not None else '?'}]  {rate:.1f} it/s"
-
-
-def metrics_table(runner: RunnerProtocol, mode: str, metrics: Mapping[str, float]) -> Table:
-    where = f"epoch {runner.epoch}, iter {runner.iter}" if mode == "val" else f"iter {runner.iter}"
-    title = f"{mode} ({where})"
-    table = Table(title=title, title_justify="left", min_width=len(title))
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name, value in metrics.items():
-        table.add_row(name, fmt(value))
-    return table
-
-
-def epoch_text(runner: RunnerProtocol) -> str:
-    epoch = runner.epoch + 1
-    if runner.by_epoch and runner.max_epochs:
-        return f"epoch {min(epoch, runner.max_epochs)}/{runner.max_epochs}"
-    return f"epoch {epoch}"
-
-
-def fmt(value: float) -> str:
-    if value == 0 or 1e-3 <= abs(value) < 1e5:
-        return f"{value:.4f}"
-    return f"{value:.3e}"
-
-
-def fmt_lr(values: Mapping[str, float]) -> str:
-    lr = values.get("train/lr", values.get("train/lr/group0"))
-    return "" if lr is None else f"{lr:.3e}"
+    return f"{mode} [{done}/{total if total is not None else '?'}]  {format_number(rate)} it/s"
