@@ -30,6 +30,7 @@ from hookrun import (
     Priority,
     RunnerProtocol,
     format_duration,
+    format_scalar,
     hookimpl,
 )
 
@@ -203,7 +204,9 @@ class Timer(Plugin[TimerSettings]):
         iters, seconds = t["timed_iters"], t["timed_seconds"]
         if not iters:  # the whole run was warm-up: report every iteration instead
             iters, seconds = t["iters"], t["seconds"]
-        per_iter = f"{seconds / iters:.4f} s/it" if iters else "no iterations"
+        per_iter = "no iterations"
+        if iters:
+            per_iter = f"{format_scalar('train/time', seconds / iters)}/it"
         took, hooks = format_duration(seconds), format_duration(t["hooks"])
         runner.info(f"Overall training speed: {int(iters)} iterations in {took} ({per_iter})")
         runner.info(f"Total training time: {format_duration(t['elapsed'])} ({hooks} on hooks)")
