@@ -58,6 +58,35 @@ def test_a_module_task_is_read_from_its_source_without_importing_it(toy, monkeyp
     assert not (toy.parent / "IMPORTED").exists()
 
 
+def test_a_task_callable_the_source_does_not_define_is_one_line_before_any_import(
+    toy, monkeypatch, capsys
+):
+    """The name is looked up in the task's source (file or module), as the import would
+    report it, without running the module; a module that may bind names its source does
+    not show (a star import, ``globals()``, a module ``__getattr__``) is left to the import."""
+    source = "open('IMPORTED', 'w').close()\n\nif True:\n    def build():\n        return {}\n"
+    (toy.parent / "typo_task.py").write_text(source)
+    monkeypatch.chdir(toy.parent)
+    file = toy.parent / "typo_task.py"
+    assert errors_of(toy, "task=typo_task.py:biuld") == [
+        f"task: {file} has no 'biuld' (did you mean 'build'?)"
+    ]
+    assert errors_of(toy, "task=typo_task:biuld") == [
+        "task: typo_task has no 'biuld' (did you mean 'build'?)"
+    ]
+    assert errors_of(toy, "task=typo_task.py:build") == []  # bound inside the `if`
+    assert not (toy.parent / "IMPORTED").exists()
+    for dynamic in ("from os.path import *\n", "globals()['biuld'] = print\n"):
+        (toy.parent / "dynamic_task.py").write_text(dynamic + source)
+        assert errors_of(toy, "task=dynamic_task.py:biuld") == []
+    work = toy.parent / "never"
+    code, _, err = run_cli(
+        capsys, "train", toy, "--work-dir", work, "--set", "task=typo_task.py:biuld"
+    )
+    assert (code, err) == (2, f"task: {file} has no 'biuld' (did you mean 'build'?)\n")
+    assert not work.exists() and not (toy.parent / "IMPORTED").exists()
+
+
 @pytest.mark.parametrize(
     ("override", "line"),
     [

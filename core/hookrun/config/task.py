@@ -45,22 +45,86 @@ def resolve_task_file(target: str, config_path: Path) -> Path:
 
 
 def check_task(task: str, config_path: Path) -> list[str]:
-    """The task's file or module exists (without importing user code)."""
-    target, _ = split_task(task)
+    """The task's file or module exists and defines the callable's name (read from its
+    source: no user code is imported), with the line the import would give."""
+    target, attr = split_task(task)
     if target.endswith(".py"):
         file = resolve_task_file(target, config_path)
         try:
-            if file.is_file():
-                return []
+            if not file.is_file():
+                return [
+                    f"task: file not found: {file} (relative paths start at the config "
+                    "file's folder)"
+                ]
         except OSError as exc:  # a name too long, a folder it may not look into
             return [f"task: cannot read {file}: {exc.strerror}"]
-        return [f"task: file not found: {file} (relative paths start at the config file's folder)"]
+        return _missing_name(file, str(file), attr)
     with _task_path(config_path):
         try:
-            found = importlib.util.find_spec(target) is not None
+            spec = importlib.util.find_spec(target)
         except (ImportError, ValueError):
-            found = False
-    return [] if found else [f"task: no module named {target!r}"]
+            spec = None
+    if spec is None:
+        return [f"task: no module named {target!r}"]
+    origin = spec.origin or ""
+    return _missing_name(Path(origin), target, attr) if origin.endswith(".py") else []
+
+
+#: Calls through which a module may bind names its source does not show.
+DYNAMIC = frozenset({"globals", "setattr", "exec", "eval", "vars", "__import__"})
+
+
+def _missing_name(file: Path, where: str, attr: str) -> list[str]:
+    """The import's line when the module's source binds ``attr``'s first part nowhere at
+    its top level; nothing when the source cannot tell (a star import, a module
+    ``__getattr__``, a call of :data:`DYNAMIC`, a source that does not parse: the import
+    decides)."""
+    first = attr.split(".")[0]
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return []
+    dynamic = any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in DYNAMIC
+        for n in ast.walk(tree)
+    )
+    names = None if dynamic else _top_level_names(tree.body)
+    if names is None or first in names:
+        return []
+    public = sorted(n for n in names if not n.startswith("_"))
+    return [f"task: {where} has no {attr!r}{did_you_mean(attr, public)}"]
+
+
+def _top_level_names(body: list[ast.stmt]) -> set[str] | None:
+    """Names a module's top level binds (through ``if``/``try``/``with``/loops too); None
+    when it may bind names no source shows."""
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == "__getattr__":
+                return None
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return None
+            names.update((a.asname or a.name.split(".")[0]) for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Expr):
+            continue
+        else:  # compound statements (if, try, with, for, while, match): their bodies too
+            for child in ast.walk(node):
+                if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+                    names.add(child.id)
+                elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(child.name)
+                elif isinstance(child, (ast.Import, ast.ImportFrom)):
+                    if any(a.name == "*" for a in child.names):
+                        return None
+                    names.update((a.asname or a.name.split(".")[0]) for a in child.names)
+    return names
 
 
 class _task_path:
