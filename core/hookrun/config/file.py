@@ -89,7 +89,8 @@ def load(
         runner = raw.setdefault("runner", {})
         if isinstance(runner, dict):
             runner["work_dir"] = str(work_dir)
-    errors += validate(raw, path)
+    found, manager = _checked(raw, path)
+    errors += found
     if errors:
         raise ConfigError(errors)
     data = Config.model_validate(raw).model_dump(mode="json", exclude_none=False)
@@ -98,7 +99,7 @@ def load(
             data[section] = raw[section]
     if raw.get("scheduler"):  # one source: the runner steps the schedules at their interval
         data["runner"]["scheduler_interval"] = schedule_interval(raw["scheduler"], data["runner"])
-    reported = _report_interval(raw)
+    reported = _report_interval(manager, raw.get("plugins"))
     if reported is not None and "log_interval" not in raw.get("runner", {}):
         data["runner"]["log_interval"] = reported[1]  # one knob: the plugin's interval
     return LoadedConfig(path=path, data=data)
@@ -261,6 +262,14 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> list[str]
 
 def validate(raw: dict[str, Any], path: Path) -> list[str]:
     """Every error of the file: structure and runner, task target, writers, plugins."""
+    return _checked(raw, path)[0]
+
+
+def _checked(raw: dict[str, Any], path: Path) -> tuple[list[str], Any]:
+    """:func:`validate`'s lines, and the plugin manager the ``plugins`` section built (None
+    without one, or with errors): built once, the interval checks and defaults ask it."""
+    plugins = raw.get("plugins")
+    manager, plugin_lines = _plugin_manager(plugins) if isinstance(plugins, dict) else (None, [])
     errors: list[str] = []
     refused: set[tuple[Any, ...]] = set()  # what pydantic refused: no cross-check reads it
     try:
@@ -285,18 +294,15 @@ def validate(raw: dict[str, Any], path: Path) -> list[str]:
     if not refused & {("runner", "scheduler_interval"), ("scheduler", "interval")}:
         errors += _interval_errors(raw.get("scheduler"), runner)
     if config is not None:
-        errors += _log_interval_errors(raw, config.runner.log_interval)
+        errors += _log_interval_errors(manager, raw, config.runner.log_interval)
     optimizer = optimizer_errors(raw["optimizer"]) if "optimizer" in raw else []
     scheduler = scheduler_errors(raw["scheduler"]) if "scheduler" in raw else []
     if config is not None and config.scheduler is not None:
         tried = not optimizer and not scheduler and config.optimizer is not None
         declared = raw["optimizer"] if tried else None  # the throwaway optimizer's section
         errors += schedule_errors(raw["scheduler"], config.runner.model_dump(), declared)
-    errors += optimizer + scheduler
-    plugins = raw.get("plugins")
-    if isinstance(plugins, dict):
-        errors += check_plugins(plugins)
-    return errors if errors or config is not None else ["config: invalid"]
+    errors += optimizer + scheduler + plugin_lines
+    return (errors if errors or config is not None else ["config: invalid"]), manager
 
 
 def device_errors(runner: RunnerConfig) -> list[str]:
@@ -381,20 +387,14 @@ def _interval_errors(scheduler: Any, runner: dict[str, Any]) -> list[str]:
     ]
 
 
-def _report_interval(raw: dict[str, Any]) -> tuple[str, int] | None:
+def _report_interval(manager: Any, plugins: Any) -> tuple[str, int] | None:
     """The interval a configured plugin reports at, when the file sets it: the setting its
     class names in ``report_interval_setting`` (the logger's ``interval``), with its path.
     ``runner.log_interval`` defaults to it. None when no section sets one, or the plugins
-    section has errors of its own (reported by :func:`check_plugins`)."""
-    from hookrun.hooks.manager import PluginManager
+    section has errors of its own (reported by :func:`_plugin_manager`)."""
     from hookrun.hooks.plugin import Plugin
 
-    plugins = raw.get("plugins")
-    if not isinstance(plugins, dict):
-        return None
-    try:
-        manager = PluginManager(plugins)
-    except HookrunError:
+    if manager is None or not isinstance(plugins, dict):
         return None
     for name, plugin in manager.plugins.items():
         if not isinstance(plugin, Plugin) or not isinstance(plugins.get(name), dict):
@@ -405,10 +405,10 @@ def _report_interval(raw: dict[str, Any]) -> tuple[str, int] | None:
     return None
 
 
-def _log_interval_errors(raw: dict[str, Any], log_interval: int) -> list[str]:
+def _log_interval_errors(manager: Any, raw: dict[str, Any], log_interval: int) -> list[str]:
     """A plugin reports at the core's reports, so its interval is a multiple of
     ``runner.log_interval`` (which defaults to it when only the plugin's is given)."""
-    found = _report_interval(raw)
+    found = _report_interval(manager, raw.get("plugins"))
     if found is None or "log_interval" not in raw.get("runner", {}):
         return []
     where, interval = found
@@ -458,12 +458,12 @@ class _OneError:
         return [self.err]
 
 
-def check_plugins(plugins: dict[str, Any]) -> list[str]:
-    """Run the plugin manager's own selection and validation; collect its lines."""
+def _plugin_manager(plugins: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The plugin manager's own selection and validation: the manager, or None and its
+    lines."""
     from hookrun.hooks.manager import PluginManager
 
     try:
-        PluginManager(plugins)
+        return PluginManager(plugins), []
     except HookrunError as exc:
-        return exc.lines
-    return []
+        return None, exc.lines
