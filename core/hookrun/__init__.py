@@ -46,6 +46,7 @@ _EXPORTS = {
     "report_line": "hookrun.engine.reporting",
     "epoch_label": "hookrun.engine.reporting",
     "metrics_line": "hookrun.engine.reporting",
+    "write_line": "hookrun.engine.reporting",
     "batch_size": "hookrun.engine.steps",
     "RunnerProtocol": "hookrun.hooks.protocol",
     "LoopPosition": "hookrun.engine.position",
@@ -94,6 +95,7 @@ if TYPE_CHECKING:
     from hookrun.engine.reporting import epoch_label as epoch_label
     from hookrun.engine.reporting import metrics_line as metrics_line
     from hookrun.engine.reporting import report_line as report_line
+    from hookrun.engine.reporting import write_line as write_line
     from hookrun.engine.runner import Runner as Runner
     from hookrun.engine.scalars import ScalarStore as ScalarStore
     from hookrun.engine.steps import batch_size as batch_size

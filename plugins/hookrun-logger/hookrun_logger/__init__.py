@@ -33,6 +33,7 @@ from hookrun import (
     hookimpl,
     metrics_line,
     report_line,
+    write_line,
 )
 
 __all__ = ["Logger", "LoggerSettings"]
@@ -269,14 +270,6 @@ def resolve_display(progress: str, console: Console) -> str:
     if progress != "auto":
         return progress
     return "bar" if console.is_terminal and not console.is_dumb_terminal else "lines"
-
-
-def write_line(console: Console, line: str) -> None:
-    """A plain line straight to the console's file: ``lines`` mode has no live display to
-    keep intact, and this costs a microsecond where ``Console.print`` costs ~100."""
-    if not console.quiet:
-        console.file.write(line + "\n")
-        console.file.flush()
 
 
 def eval_line(state: list[Any]) -> str:
