@@ -101,14 +101,13 @@ class ShardedSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         seed_epoch(self.sampler, self.seed, self.epoch)
-        resuming = self.resumed is not None and self.resumed[0] == self.epoch
-        if self.world == 1 and not resuming:  # the whole order as it is: no list of it
+        resumed = self.resumed if self.resumed and self.resumed[0] == self.epoch else None
+        if self.world == 1 and resumed is None:  # the whole order as it is: no list of it
             return iter(self.sampler)
         order = list(iter(self.sampler))
         fillers: list[int] = []
-        if resuming:
-            assert self.resumed is not None
-            _, used, count = self.resumed
+        if resumed is not None:
+            _, used, count = resumed
             fillers = order[:1] * count  # skipped by the loader, never fetched
             order = order[used:]
         if self.pad and order and len(order) % self.world:
