@@ -59,15 +59,25 @@ def check_task(task: str, config_path: Path) -> list[str]:
         except OSError as exc:  # a name too long, a folder it may not look into
             return [f"task: cannot read {file}: {exc.strerror}"]
         return _missing_name(file, str(file), attr)
+    found, source = _module_source(target, config_path)
+    if not found:
+        return [f"task: no module named {target!r}"]
+    return _missing_name(source, target, attr) if source is not None else []
+
+
+def _module_source(target: str, config_path: Path) -> tuple[bool, Path | None]:
+    """Whether the module ``target`` can be imported (from the config's folder and the
+    current one), and its source file when it is Python source (None: compiled, a
+    namespace package), found without importing it."""
     with _task_path(config_path):
         try:
             spec = importlib.util.find_spec(target)
         except (ImportError, ValueError):
             spec = None
     if spec is None:
-        return [f"task: no module named {target!r}"]
+        return False, None
     origin = spec.origin or ""
-    return _missing_name(Path(origin), target, attr) if origin.endswith(".py") else []
+    return True, Path(origin) if origin.endswith(".py") else None
 
 
 #: Calls through which a module may bind names its source does not show.
@@ -96,34 +106,23 @@ def _missing_name(file: Path, where: str, attr: str) -> list[str]:
 
 
 def _top_level_names(body: list[ast.stmt]) -> set[str] | None:
-    """Names a module's top level binds (through ``if``/``try``/``with``/loops too); None
-    when it may bind names no source shows."""
+    """Names a module's top level may bind: its definitions, imports and assignments,
+    inside ``if``/``try``/``with``/loops too (any name stored there counts); None when it
+    may bind names no source shows (a star import, a module ``__getattr__``)."""
     names: set[str] = set()
     for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            if node.name == "__getattr__":
-                return None
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            if any(a.name == "*" for a in node.names):
-                return None
-            names.update((a.asname or a.name.split(".")[0]) for a in node.names)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-        elif isinstance(node, ast.Expr):
-            continue
-        else:  # compound statements (if, try, with, for, while, match): their bodies too
-            for child in ast.walk(node):
-                if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
-                    names.add(child.id)
-                elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    names.add(child.name)
-                elif isinstance(child, (ast.Import, ast.ImportFrom)):
-                    if any(a.name == "*" for a in child.names):
-                        return None
-                    names.update((a.asname or a.name.split(".")[0]) for a in child.names)
+        defined = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        if getattr(node, "name", None) == "__getattr__":
+            return None
+        for child in [node] if defined else ast.walk(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(child.name)
+            elif isinstance(child, (ast.Import, ast.ImportFrom)):
+                if any(a.name == "*" for a in child.names):
+                    return None
+                names.update((a.asname or a.name.split(".")[0]) for a in child.names)
+            elif isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+                names.add(child.id)
     return names
 
 
@@ -280,13 +279,7 @@ def _declared_parameters(task: str, config_path: Path) -> Parameters | None:
     if target.endswith(".py"):
         file: Path | None = resolve_task_file(target, config_path)
     else:
-        with _task_path(config_path):
-            try:
-                spec = importlib.util.find_spec(target)
-            except (ImportError, ValueError):
-                spec = None
-        origin = spec.origin if spec is not None else None
-        file = Path(origin) if origin and origin.endswith(".py") else None
+        file = _module_source(target, config_path)[1]
     if file is None or "." in attr:
         return None
     try:
