@@ -48,14 +48,16 @@ class IterationClock:
         """Move the pending iterations into the totals and the window."""
         pending = self.pending
         if pending:
-            timed = pending[max(0, self.warmup - self.iters) :]
+            skip = max(0, self.warmup - self.iters)
+            timed = pending[skip:]
+            periods, waits, _ = zip(*pending, strict=True)
             self.timed_iters += len(timed)
-            self.timed_seconds += sum(period for period, _, _ in timed)
+            self.timed_seconds += sum(periods[skip:])
             self.iters += len(pending)
-            self.seconds += sum(period for period, _, _ in pending)
+            self.seconds += sum(periods)
             self.recent.extend(timed)
             iters, data = self.interval
-            self.interval = (iters + len(pending), data + sum(wait for _, wait, _ in pending))
+            self.interval = (iters + len(pending), data + sum(waits))
             pending.clear()
 
     def take_data_time(self) -> float:

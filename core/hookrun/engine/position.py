@@ -156,6 +156,14 @@ class ValidationSchedule:
             return False
         return done % self.interval == 0 or done == self.last
 
+    def next_due(self, done: int) -> int | None:
+        """The first count after ``done`` completed epochs (iterations) that validation
+        follows (:meth:`due`); None without a validation loader."""
+        if not self.has_val:
+            return None
+        due = (done // self.interval + 1) * self.interval
+        return min(due, self.last) if self.last > done else due
+
     def remaining(self, done: int) -> int:
         """Validations still to run after ``done`` completed epochs (iterations)."""
         if not self.has_val or done >= self.last:

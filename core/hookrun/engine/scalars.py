@@ -30,14 +30,12 @@ class ScalarStore:
         """How many values of each name the store keeps (for ``mean`` and ``history``)."""
         self.batched = batched
         """Whether a read moves every value to the host in one transfer (else one by one)."""
-        self._latest: dict[str, Any] = {}
-        self._history: dict[str, deque[Any]] = {}
+        self._history: dict[str, deque[Any]] = {}  # the latest value is each one's last
         self._fresh: dict[str, int] = {}  # series values put since the last report
         self._gauges: set[str] = set()
 
     def put(self, name: str, value: Any) -> None:
         """Add a value to the series ``name``."""
-        self._latest[name] = value
         history = self._history.get(name)
         if history is None:
             history = self._history[name] = deque(maxlen=self.window)
@@ -86,12 +84,12 @@ class ScalarStore:
 
     def names(self) -> list[str]:
         """Every name put or gauged so far."""
-        return list(self._latest)
+        return list(self._history)
 
     def latest(self, names: Iterable[str] | None = None) -> dict[str, float]:
         """Latest values as floats (one batched transfer)."""
-        keys = list(self._latest) if names is None else [n for n in names if n in self._latest]
-        return self._without_unset(keys, [self._latest[k] for k in keys])
+        keys = list(self._history) if names is None else [n for n in names if n in self._history]
+        return self._without_unset(keys, [self._history[k][-1] for k in keys])
 
     def mean(
         self, names: Iterable[str] | None = None, window: int | None = None
@@ -117,7 +115,6 @@ class ScalarStore:
 
     def clear(self) -> None:
         """Forget every name and value."""
-        self._latest.clear()
         self._history.clear()
         self._fresh.clear()
         self._gauges.clear()

@@ -26,7 +26,13 @@ from hookrun.engine.optimizer_step import (
     average_gradients,
     optimizer_params,
 )
-from hookrun.engine.position import LoopPosition, Phase, group_done, group_ends
+from hookrun.engine.position import (
+    LoopPosition,
+    Phase,
+    ValidationSchedule,
+    group_done,
+    group_ends,
+)
 from hookrun.engine.steps import batch_size, step_outputs, to_device, training_losses
 from hookrun.errors import ConfigError
 
@@ -99,6 +105,27 @@ class TrainLoop:
         runner = self.runner
         return not runner.by_epoch and runner.position.iter >= runner.max_iters
 
+    def next_report(self, done: int, per_epoch: int | None) -> int:
+        """The iteration after ``done`` whose end reports: a multiple of the log interval,
+        the epoch's last or the run's last, whichever comes first."""
+        runner = self.runner
+        interval, last = runner.reporter.interval, runner.reporter.last
+        due = (done // interval + 1) * interval
+        if per_epoch is not None:
+            due = min(due, done - runner.position.batch + per_epoch)
+        return due if last is None or last <= done else min(due, last)
+
+    def next_check(self, done: int, schedule: ValidationSchedule) -> int:
+        """The iteration after ``done`` whose end may validate or end the run (an
+        iteration-based one); 0 when none does (a stop is checked for on its own)."""
+        runner = self.runner
+        if schedule.by_epoch:
+            return 0
+        due = schedule.next_due(done)
+        if not runner.by_epoch and runner.max_iters is not None and runner.max_iters > done:
+            due = runner.max_iters if due is None else min(due, runner.max_iters)
+        return 0 if due is None else due
+
     def epoch_validation_due(self) -> bool:
         """After a whole epoch of an epoch-based run; also when a hook stopped training at
         the epoch's end (docs/hooks.md), not when it stopped mid-epoch."""
@@ -117,12 +144,18 @@ class TrainLoop:
         reporter, schedule = runner.reporter, runner.validation_schedule
         # iteration-based runs and val_every_n_iters validate mid-epoch; only the former end there
         by_iters = not schedule.by_epoch
-        interval, last = reporter.interval, reporter.last
         step = TrainStep(runner, per_epoch)
+        take = step.take
         stop = self.stop
         agree = reporter.agree_ranks if runner.world_size > 1 else None
         accum = runner.grad_accum
+        group_end = accum == 1  # then every batch closes its group
+        if group_end:
+            pos.closes_group = True
         val_due = self.validation_waiting()  # resumed inside a group
+        # the next iterations (done) that report, and that validate or end the run
+        report_at = self.next_report(pos.iter, per_epoch)
+        check_at = self.next_check(pos.iter, schedule)
         transform = hooks.transform_batch if hooks.transform_batch.used else None
         before_iter = hooks.before_train_iter if hooks.before_train_iter.used else None
         after_iter = hooks.after_train_iter if hooks.after_train_iter.used else None
@@ -143,14 +176,15 @@ class TrainLoop:
                 batch = to_device(batch, device)
             if transform is not None and batch is not None:
                 batch = transform(runner=runner, batch=batch, mode="train")
-            pos.closes_group = group_end = group_ends(batch_idx + 1, per_epoch, accum)
+            if accum != 1:
+                pos.closes_group = group_end = group_ends(batch_idx + 1, per_epoch, accum)
             if before_iter is not None:
                 before_iter(runner=runner, batch_idx=batch_idx, batch=batch)
             done = pos.iter + 1
-            report = done % interval == 0 or batch_idx + 1 == per_epoch or done == last
+            report = done == report_at
             if report:
                 reporter.keep_lrs()
-            outputs = step(batch, batch_idx)
+            outputs = take(batch, batch_idx)
             ended = now()
             record((ended - mark, arrived - since, count * world))
             mark = since = ended
@@ -163,8 +197,13 @@ class TrainLoop:
                 if agree is not None:
                     agree()
                 reporter.report(done)
+                report_at = self.next_report(done, per_epoch)
                 paused = now() - paused  # reports are cut out of the next period
                 mark, since = mark + paused, since + paused
+            if not (val_due or done == check_at or runner.stop_training or stop.agreed):
+                continue  # nothing to validate, no stop: the usual iteration ends here
+            if done == check_at:
+                check_at = self.next_check(done, schedule)
             # a stop and a validation wait for the accumulation group's end: partial gradients
             # are not saved, so the checkpoints taken then would not resume exactly
             halt = stop.agreed is not None and group_end
@@ -267,35 +306,60 @@ class TrainLoop:
 class TrainStep:
     """One iteration: forward (the model's convention), backward and, at an accumulation
     boundary, the optimizer steps, or the model's own ``training_step(batch, optim)``; then
-    the position advances and the losses are stored."""
+    the position advances and the losses are stored. ``take(batch, batch_idx)`` runs it and
+    returns the detached losses."""
 
     def __init__(self, runner: Any, per_epoch: int | None) -> None:
         self.runner = runner
         self.per_epoch = per_epoch
         self.optim = optim = runner.optimizer_step
         self.plain = runner.amp is None and runner.world_size == 1  # no context managers
+        self.model, self.module = runner.model, runner.unwrapped_model
+        self.criterion = runner.criterion
         self.step = getattr(runner.unwrapped_model, "training_step", None)
         self.manual = runner.manual
         self.optimizer = runner.optimizer
+        self.position = runner.position
         self.steps = runner.position.optimizer_steps
         self.put = runner.scalars.put
-        # The common case takes its step inline: each Python frame costs about a
-        # microsecond between torch ops, a few percent of a small model's step.
-        self.fast = self.plain and optim.simple() and not self.manual
         self.uneven = False  # some rank has no batch for the epoch's last iteration
+        # The common case takes its step in one frame: each Python frame costs about a
+        # microsecond between torch ops, a few percent of a small model's step.
+        simple = self.plain and optim.simple() and not self.manual
+        self.take = self.simple_step if simple else self.any_step
+        # The last loss, graph included, lives until the next one replaces it, as a hand
+        # loop's ``loss`` variable does: the parameters' gradient accumulators (the graph's
+        # leaves) are then reused by the next forward instead of being rebuilt.
+        self.last_loss: torch.Tensor | None = None
 
-    def __call__(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
-        runner = self.runner
-        model, module = runner.model, runner.unwrapped_model
-        pos = runner.position
-        if self.fast:  # OptimizerStep.backward and .step with nothing to do around them
-            losses = training_losses(model, module, self.step, runner.criterion, batch)
-            losses["loss"].backward()
-            pos.stepping = True
-            self.optimizer.step()
-            self.steps[SINGLE] = self.steps.get(SINGLE, 0) + 1
-            self.optimizer.zero_grad(set_to_none=True)
-        elif self.manual:
+    def simple_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+        """One optimizer, fp32, every batch a step, nothing around the step:
+        :class:`OptimizerStep`'s backward and step with nothing to do around them."""
+        losses = training_losses(self.model, self.module, self.step, self.criterion, batch)
+        loss = self.last_loss = losses["loss"]
+        loss.backward()
+        pos = self.position
+        pos.stepping = True
+        self.optimizer.step()
+        self.steps[SINGLE] = self.steps.get(SINGLE, 0) + 1
+        self.optimizer.zero_grad(set_to_none=True)
+        pos.batch = batch_idx + 1
+        pos.iter += 1
+        pos.phase = Phase.TRAIN
+        pos.iter_ending = True
+        pos.stepping = False
+        if len(losses) == 1:
+            loss = loss.detach()
+            self.put("train/loss", loss)
+            return {"loss": loss}
+        return self.stored(losses)
+
+    def any_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+        """Any other step: manual optimization, AMP, accumulation, DDP or FSDP, clipping,
+        hooks around the optimizer step, an epoch's last iteration that some rank joins
+        without a batch."""
+        runner, pos = self.runner, self.position
+        if self.manual:
             losses = self.manual_step(batch)
         elif self.uneven and batch_idx + 1 == self.per_epoch:
             losses = self.joined(batch)
@@ -303,12 +367,14 @@ class TrainStep:
             optim = self.optim
             boundary = pos.closes_group
             if self.plain:
-                losses = training_losses(model, module, self.step, runner.criterion, batch)
+                losses = training_losses(self.model, self.module, self.step, self.criterion, batch)
                 optim.backward(losses["loss"], losses.get("num_items"))
             else:
                 with optim.sync_context(boundary):
                     with runner.autocast():
-                        losses = training_losses(model, module, self.step, runner.criterion, batch)
+                        losses = training_losses(
+                            self.model, self.module, self.step, self.criterion, batch
+                        )
                     optim.backward(losses["loss"], losses.get("num_items"))
             if boundary:
                 pos.stepping = True
@@ -318,14 +384,14 @@ class TrainStep:
         pos.phase = Phase.TRAIN
         pos.iter_ending = True
         pos.stepping = False
+        return self.stored(losses)
+
+    def stored(self, losses: dict[str, Any]) -> dict[str, Any]:
+        """The losses detached, each put in the scalar store as ``train/<name>``."""
         if not losses:  # this rank joined the iteration without a batch
             return {}
-        if len(losses) == 1 and "loss" in losses:
-            loss = losses["loss"].detach()
-            self.put("train/loss", loss)
-            return {"loss": loss}
         outputs = {name: _detached(value) for name, value in losses.items()}
-        runner.scalars.update(outputs, prefix="train/")
+        self.runner.scalars.update(outputs, prefix="train/")
         return outputs
 
     def close_group(self) -> None:
