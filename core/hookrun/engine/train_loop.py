@@ -307,7 +307,7 @@ class TrainStep:
     """One iteration: forward (the model's convention), backward and, at an accumulation
     boundary, the optimizer steps, or the model's own ``training_step(batch, optim)``; then
     the position advances and the losses are stored. ``take(batch, batch_idx)`` runs it and
-    returns the detached losses."""
+    returns the detached losses for ``after_train_iter`` (None when no hook reads them)."""
 
     def __init__(self, runner: Any, per_epoch: int | None) -> None:
         self.runner = runner
@@ -322,6 +322,7 @@ class TrainStep:
         self.position = runner.position
         self.steps = runner.position.optimizer_steps
         self.put = runner.scalars.put
+        self.hooked = runner.hooks.after_train_iter.used  # something reads the losses
         self.uneven = False  # some rank has no batch for the epoch's last iteration
         # The common case takes its step in one frame: each Python frame costs about a
         # microsecond between torch ops, a few percent of a small model's step.
@@ -332,7 +333,7 @@ class TrainStep:
         # leaves) are then reused by the next forward instead of being rebuilt.
         self.last_loss: torch.Tensor | None = None
 
-    def simple_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+    def simple_step(self, batch: Any, batch_idx: int) -> dict[str, Any] | None:
         """One optimizer, fp32, every batch a step, nothing around the step:
         :class:`OptimizerStep`'s backward and step with nothing to do around them."""
         losses = training_losses(self.model, self.module, self.step, self.criterion, batch)
@@ -348,11 +349,11 @@ class TrainStep:
         pos.phase = Phase.TRAIN
         pos.iter_ending = True
         pos.stepping = False
-        if len(losses) == 1:
-            loss = loss.detach()
-            self.put("train/loss", loss)
-            return {"loss": loss}
-        return self.stored(losses)
+        if len(losses) > 1:
+            return self.stored(losses)
+        loss = loss.detach()  # what the store keeps: a graph-free tensor, not read until a report
+        self.put("train/loss", loss)
+        return {"loss": loss} if self.hooked else None
 
     def any_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         """Any other step: manual optimization, AMP, accumulation, DDP or FSDP, clipping,
