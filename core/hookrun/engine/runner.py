@@ -30,7 +30,7 @@ from hookrun.engine import predict as prediction
 from hookrun.engine.clock import IterationClock
 from hookrun.engine.evaluation import evaluate, evaluation_loaders
 from hookrun.engine.optimizer_step import OptimizerStep, named_optimizers
-from hookrun.engine.position import DEFAULT_MAX_EPOCHS, LoopPosition, ValidationSchedule
+from hookrun.engine.position import DEFAULT_MAX_EPOCHS, LoopPosition, Phase, ValidationSchedule
 from hookrun.engine.reporting import Reporter
 from hookrun.engine.scalars import ScalarStore
 from hookrun.engine.steps import is_manual, to_device
@@ -297,6 +297,8 @@ class Runner:
         the epochs done, so ``after_val_epoch`` reads one more than ``after_train_epoch``
         of the same epoch (docs/concepts.md, Epoch numbers)."""
         pos = self.position
+        if pos.phase is Phase.TRAIN:  # mid-epoch (every report): nothing else to ask
+            return pos.epoch
         closed = pos.epoch_closed(self.validation_schedule.by_epoch) and not pos.epoch_ending
         return pos.epoch + 1 if closed else pos.epoch
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -122,8 +121,10 @@ class ScalarStore:
     def _series_mean(self, values: list[Any]) -> Any:
         """Mean of a series' values in float64: read at once unless ``batched``."""
         if not self.batched:
-            with contextlib.suppress(ValueError):  # a tensor of several elements: below
+            try:
                 return math.fsum(map(float, values)) / len(values)
+            except ValueError:  # a tensor of several elements: below
+                pass
         return _device_mean(values)
 
 

@@ -170,8 +170,10 @@ class TrainLoop:
         for batch_idx, batch in enumerate(batches, start=skip):
             arrived = now()
             first = batch[0] if type(batch) in (tuple, list) and batch else batch
-            count = first.shape[0] if type(first) is torch.Tensor and first.ndim else 0
-            count = count or (batch_size(batch) if batch is not None else 0)
+            if type(first) is torch.Tensor and first.ndim:  # the usual batch, read inline
+                count = first.shape[0]
+            else:
+                count = batch_size(batch) if batch is not None else 0
             if move:
                 batch = to_device(batch, device)
             if transform is not None and batch is not None:
