@@ -73,6 +73,15 @@ class IterationClock:
         if size > (self.recent.maxlen or 0):
             self.recent = deque(self.recent, maxlen=size)
 
+    def window_totals(self, size: int) -> tuple[int, float, float, int]:
+        """Over the last ``size`` iterations past warm-up: their number, seconds, data
+        seconds and samples."""
+        window = self.window(size)
+        if not window:
+            return 0, 0.0, 0.0, 0
+        periods, waits, samples = zip(*window, strict=True)
+        return len(window), sum(periods), sum(waits), sum(samples)
+
     def window(self, size: int) -> list[tuple[float, float, int]]:
         """The last ``size`` iterations past warm-up: ``(period, data seconds, samples)``,
         oldest first."""

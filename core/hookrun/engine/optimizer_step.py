@@ -82,6 +82,8 @@ class OptimizerStep:
         normalize: str = "batches",
     ) -> None:
         self.runner = runner
+        self.optimizers: dict[str, torch.optim.Optimizer] = runner.optimizers
+        """The run's optimizers by name (``"main"`` when there is one)."""
         self.hooks = hooks
         self.scalars = scalars
         self.grad_accum = grad_accum
@@ -97,19 +99,12 @@ class OptimizerStep:
         self.after_step = hooks.after_optimizer_step.used
         self.stepped = False  # whether an optimizer stepped in this iteration (GradScaler)
 
-    @property
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """The run's optimizers by name (``"main"`` when there is one)."""
-        optimizers: dict[str, torch.optim.Optimizer] = self.runner.optimizers
-        return optimizers
-
     def simple(self) -> bool:
-        """Whether a step is only ``backward``, ``step`` and ``zero_grad``: one optimizer,
-        fp32, every batch a step, no clipping, no per-iteration scheduler and nothing
-        implementing the four hook points."""
+        """Whether a step is only ``backward``, then each optimizer's ``step`` and
+        ``zero_grad``: fp32, every batch a step, no clipping, no per-iteration scheduler and
+        nothing implementing the four hook points."""
         return (
-            len(self.optimizers) == 1
-            and self.scaler is None
+            self.scaler is None
             and self.grad_accum == 1
             and not self.by_items
             and not self.clip_grad

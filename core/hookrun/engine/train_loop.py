@@ -21,7 +21,6 @@ from hookrun.data.sharding import last_batch
 from hookrun.distributed import process_group
 from hookrun.engine.evaluation import evaluate_or_stop
 from hookrun.engine.optimizer_step import (
-    SINGLE,
     TailJoin,
     average_gradients,
     optimizer_params,
@@ -320,10 +319,12 @@ class TrainStep:
         self.criterion = runner.criterion
         self.step = getattr(runner.unwrapped_model, "training_step", None)
         self.manual = runner.manual
-        self.optimizer = runner.optimizer
+        self.optimizers = tuple(optim.optimizers.items())
         self.position = runner.position
         self.steps = runner.position.optimizer_steps
         self.put = runner.scalars.put
+        self.names: dict[str, str] = {}  # each loss's scalar name, train/<name>
+        self.where = f"{type(self.module).__name__}.training_step"
         self.hooked = runner.hooks.after_train_iter.used  # something reads the losses
         self.uneven = False  # some rank has no batch for the epoch's last iteration
         # The common case takes its step in one frame: each Python frame costs about a
@@ -336,16 +337,17 @@ class TrainStep:
         self.last_loss: torch.Tensor | None = None
 
     def simple_step(self, batch: Any, batch_idx: int) -> dict[str, Any] | None:
-        """One optimizer, fp32, every batch a step, nothing around the step:
-        :class:`OptimizerStep`'s backward and step with nothing to do around them."""
+        """fp32, every batch a step, nothing around the steps (:meth:`OptimizerStep.simple`):
+        its backward, then each optimizer's step and ``zero_grad``, inline."""
         losses = training_losses(self.model, self.module, self.step, self.criterion, batch)
         loss = self.last_loss = losses["loss"]
         loss.backward()
-        pos = self.position
+        pos, steps = self.position, self.steps
         pos.stepping = True
-        self.optimizer.step()
-        self.steps[SINGLE] = self.steps.get(SINGLE, 0) + 1
-        self.optimizer.zero_grad(set_to_none=True)
+        for name, optimizer in self.optimizers:
+            optimizer.step()
+            steps[name] = steps.get(name, 0) + 1
+            optimizer.zero_grad(set_to_none=True)
         pos.batch = batch_idx + 1
         pos.iter += 1
         pos.phase = Phase.TRAIN
@@ -390,11 +392,14 @@ class TrainStep:
         return self.stored(losses)
 
     def stored(self, losses: dict[str, Any]) -> dict[str, Any]:
-        """The losses detached, each put in the scalar store as ``train/<name>``."""
-        if not losses:  # this rank joined the iteration without a batch
-            return {}
-        outputs = {name: _detached(value) for name, value in losses.items()}
-        self.runner.scalars.update(outputs, prefix="train/")
+        """The losses detached (numbers as they are), each put in the scalar store as
+        ``train/<name>``; empty for a rank that joined the iteration without a batch."""
+        outputs, names, put = {}, self.names, self.put
+        for name, value in losses.items():
+            if isinstance(value, torch.Tensor):
+                value = value.detach()
+            outputs[name] = value
+            put(names.get(name) or names.setdefault(name, "train/" + name), value)
         return outputs
 
     def close_group(self) -> None:
@@ -419,10 +424,9 @@ class TrainStep:
         with runner.autocast():
             out = self.step(batch, optim)  # type: ignore[misc]
         optim.end_iteration()
-        for optimizer in optim.optimizers.values():
-            optimizer.zero_grad(set_to_none=True)
-        where = f"{type(runner.unwrapped_model).__name__}.training_step"
-        return step_outputs(out, where, required=False)
+        for _, optimizer in self.optimizers:
+            clear_gradients(optimizer)
+        return step_outputs(out, self.where, required=False)
 
     def joined(self, batch: Any) -> dict[str, torch.Tensor]:
         """The epoch's last iteration when some rank's share has none (``batch`` is None on
@@ -445,6 +449,12 @@ class TrainStep:
         return losses
 
 
-def _detached(value: Any) -> Any:
-    """A loss or count as the hooks and scalars get it: tensors detached, numbers as they are."""
-    return value.detach() if isinstance(value, torch.Tensor) else value
+def clear_gradients(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.zero_grad(set_to_none=True)`` without its profiler range and checks, which
+    cost a few microseconds each time; an optimizer with its own ``zero_grad`` is asked."""
+    if type(optimizer).zero_grad is not torch.optim.Optimizer.zero_grad:
+        optimizer.zero_grad(set_to_none=True)
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            param.grad = None

@@ -264,8 +264,8 @@ class Segment:
             self.last_event = end_event
 
     def data_time(self) -> float:
-        window = self.clock.window(self.size)
-        return sum(data for _, data, _ in window) / len(window) if window else math.nan
+        iters, _, waits, _ = self.clock.window_totals(self.size)
+        return waits / iters if iters else math.nan
 
     def speed(self) -> tuple[Any, Any]:
         """The window's speed, computed once per report however often it is read."""
@@ -280,12 +280,10 @@ class Segment:
         if self.events:
             measured = EventWindow(tuple(self.events))
             return Lazy(measured, "seconds"), Lazy(measured, "throughput")
-        window = self.clock.window(self.size)
-        if not window:
+        iters, seconds, _, samples = self.clock.window_totals(self.size)
+        if not iters:
             return math.nan, math.nan
-        seconds = sum(period for period, _, _ in window)
-        samples = sum(count for _, _, count in window)
-        return seconds / len(window), samples / seconds if seconds > 0 else 0.0
+        return seconds / iters, samples / seconds if seconds > 0 else 0.0
 
     def restart_events(self) -> None:
         if self.events is not None:
