@@ -9,11 +9,11 @@ parameter (checkpoints, export), so a sharded checkpoint writes it through DCP.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from hookrun import CheckpointMismatchError, broadcast_from_rank_0, swap_stack
 
@@ -67,11 +67,11 @@ class Shadow:
         self.average_only(None)
         # exchanging storage is free, but FSDP gathers a DTensor parameter from storage of
         # its own: those entries are copied in and out
-        self.sharded = any(isinstance(t, DTensor) for t in self.targets)
+        self.sharded = any(_is_dtensor(t) for t in self.targets)
         self.exchanged = [
             i
             for i, (t, s) in enumerate(zip(self.targets, self.tensors, strict=True))
-            if t.dtype == s.dtype and t.device == s.device and not isinstance(t, DTensor)
+            if t.dtype == s.dtype and t.device == s.device and not _is_dtensor(t)
         ]
         exchanged = set(self.exchanged)
         self.copied = [i for i in range(len(self.keys)) if i not in exchanged]
@@ -234,8 +234,10 @@ class Shadow:
     def _wrap(self, index: int, local: torch.Tensor) -> torch.Tensor:
         """``local`` (this rank's part of entry ``index``) laid out as the model's tensor."""
         target = self.targets[index]
-        if not isinstance(target, DTensor):
+        if not _is_dtensor(target):
             return local
+        from torch.distributed.tensor import DTensor
+
         return DTensor.from_local(
             local.to(target.to_local().device),
             target.device_mesh,
@@ -268,16 +270,25 @@ class Shadow:
         self.stale = False
 
 
+def _is_dtensor(tensor: Any) -> bool:
+    """Whether ``tensor`` is a ``DTensor``. None exists before something (FSDP) loaded
+    ``torch.distributed.tensor``, whose import, about half a second, the other runs skip."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``tensor``: a ``DTensor``'s local shard, else ``tensor``."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if _is_dtensor(tensor) else tensor
 
 
 def _part(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The part of the saved ``value`` that this rank keeps for the model's ``target``."""
-    if not isinstance(target, DTensor):
-        return value.full_tensor() if isinstance(value, DTensor) else value
-    if not isinstance(value, DTensor):  # whole (a file checkpoint): this rank's chunk of it
+    if not _is_dtensor(target):
+        return value.full_tensor() if _is_dtensor(value) else value
+    if not _is_dtensor(value):  # whole (a file checkpoint): this rank's chunk of it
+        from torch.distributed.tensor import distribute_tensor
+
         device = target.to_local().device
         return distribute_tensor(
             value.to(device), target.device_mesh, target.placements, src_data_rank=None
