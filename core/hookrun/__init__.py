@@ -32,6 +32,8 @@ _EXPORTS = {
     "broadcast_from_rank_0": "hookrun.distributed.collectives",
     "all_gather_object": "hookrun.distributed.collectives",
     "rank_zero_only": "hookrun.distributed.collectives",
+    "is_dtensor": "hookrun.distributed.fsdp",
+    "local_shard": "hookrun.distributed.fsdp",
     "HookrunError": "hookrun.errors",
     "ConfigError": "hookrun.errors",
     "PluginError": "hookrun.errors",
@@ -90,6 +92,8 @@ if TYPE_CHECKING:
     from hookrun.distributed.collectives import get_world_size as get_world_size
     from hookrun.distributed.collectives import is_distributed as is_distributed
     from hookrun.distributed.collectives import rank_zero_only as rank_zero_only
+    from hookrun.distributed.fsdp import is_dtensor as is_dtensor
+    from hookrun.distributed.fsdp import local_shard as local_shard
     from hookrun.engine.position import LoopPosition as LoopPosition
     from hookrun.engine.position import Phase as Phase
     from hookrun.engine.reporting import epoch_label as epoch_label

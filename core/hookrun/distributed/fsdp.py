@@ -7,8 +7,9 @@ ones DDP runs; only where the parameters live changes (each rank holds a ``DTens
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from torch import nn
@@ -16,6 +17,9 @@ from torch import nn
 from hookrun.config.arguments import FsdpSettings
 from hookrun.distributed import collectives
 from hookrun.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
 def shard_model(
@@ -124,6 +128,19 @@ def _repoint(
     moved = {swapped.get(id(p), p): s for p, s in optimizer.state.items()}
     optimizer.state.clear()
     optimizer.state.update(moved)
+
+
+def is_dtensor(tensor: Any) -> TypeGuard[DTensor]:
+    """Whether ``tensor`` is a ``DTensor`` (an FSDP shard). None exists before something
+    (FSDP) loaded ``torch.distributed.tensor``, so this asks only once it is loaded: its
+    import, about half a second, stays out of the start-up of runs that shard nothing."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor``: a ``DTensor``'s local shard, else ``tensor`` itself."""
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 def clip_grad_norm_(

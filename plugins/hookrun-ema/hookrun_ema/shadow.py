@@ -9,13 +9,18 @@ parameter (checkpoints, export), so a sharded checkpoint writes it through DCP.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
 from torch import nn
 
-from hookrun import CheckpointMismatchError, broadcast_from_rank_0, swap_stack
+from hookrun import (
+    CheckpointMismatchError,
+    broadcast_from_rank_0,
+    is_dtensor,
+    local_shard,
+    swap_stack,
+)
 
 
 def shadow_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -55,7 +60,7 @@ class Shadow:
                 continue
             averaged = value.is_floating_point() and (average_buffers or id(value) in params)
             dtype = shadow_dtype(value.dtype) if averaged else value.dtype
-            local = _local(value)
+            local = local_shard(value)
             tensor = local.detach().to(self.device or local.device, dtype, copy=True)
             index = len(self.keys)
             if id(value) not in params:
@@ -67,16 +72,16 @@ class Shadow:
         self.average_only(None)
         # exchanging storage is free, but FSDP gathers a DTensor parameter from storage of
         # its own: those entries are copied in and out
-        self.sharded = any(_is_dtensor(t) for t in self.targets)
+        self.sharded = any(is_dtensor(t) for t in self.targets)
         self.exchanged = [
             i
             for i, (t, s) in enumerate(zip(self.targets, self.tensors, strict=True))
-            if t.dtype == s.dtype and t.device == s.device and not _is_dtensor(t)
+            if t.dtype == s.dtype and t.device == s.device and not is_dtensor(t)
         ]
         exchanged = set(self.exchanged)
         self.copied = [i for i in range(len(self.keys)) if i not in exchanged]
         self.staged = self.device is not None and any(
-            _local(t).device != self.device for t in self.targets
+            local_shard(t).device != self.device for t in self.targets
         )
         self.saved: list[tuple[torch.Tensor, int]] | None = None  # raw copies while swapped
 
@@ -93,12 +98,12 @@ class Shadow:
                 averaged = target.is_floating_point() and self.average_buffers
             else:
                 averaged = target.is_floating_point() and (params is None or id(target) in params)
-            local = _local(target)
+            local = local_shard(target)
             alike = tensor.dtype == local.dtype and tensor.device == local.device
             (self.copy if not averaged else self.lerp if alike else self.mixed).append(index)
 
     def _pick(self, group: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        return [self.tensors[i] for i in group], [_local(self.targets[i]) for i in group]
+        return [self.tensors[i] for i in group], [local_shard(self.targets[i]) for i in group]
 
     def _sources(self, targets: list[torch.Tensor]) -> list[torch.Tensor]:
         if not self.staged:
@@ -130,7 +135,7 @@ class Shadow:
         from under any averages other plugins have swapped into the model."""
         self.stale = False
         with swap_stack(self.model).exposed(), torch.no_grad():
-            targets = [_local(t) for t in self.targets]
+            targets = [local_shard(t) for t in self.targets]
             torch._foreach_copy_(self.tensors, self._sources(targets))
 
     def swap_in(self) -> None:
@@ -144,7 +149,7 @@ class Shadow:
                 _exchange(self.targets[i], self.tensors[i])
             self.saved = []
             for i in self.copied:
-                target = _local(self.targets[i])
+                target = local_shard(self.targets[i])
                 raw = target.detach().clone()
                 target.copy_(self.tensors[i])
                 self.saved.append((raw, target._version))
@@ -157,7 +162,7 @@ class Shadow:
             for i in self.exchanged:
                 _exchange(self.targets[i], self.tensors[i])
             for i, (raw, version) in zip(self.copied, self.saved, strict=True):
-                target = _local(self.targets[i])
+                target = local_shard(self.targets[i])
                 if target._version != version:
                     self.tensors[i].copy_(target)
                 target.copy_(raw)
@@ -204,7 +209,8 @@ class Shadow:
         if stack.entries[0] is not self:
             with stack.exposed():
                 raw = {
-                    i: self._wrap(i, _local(t).detach().clone()) for i, t in enumerate(self.targets)
+                    i: self._wrap(i, local_shard(t).detach().clone())
+                    for i, t in enumerate(self.targets)
                 }
             return {key: raw[i] for key, i in self.slots.items()}
         raw = {i: self.tensors[i] for i in self.exchanged}
@@ -234,7 +240,7 @@ class Shadow:
     def _wrap(self, index: int, local: torch.Tensor) -> torch.Tensor:
         """``local`` (this rank's part of entry ``index``) laid out as the model's tensor."""
         target = self.targets[index]
-        if not _is_dtensor(target):
+        if not is_dtensor(target):
             return local
         from torch.distributed.tensor import DTensor
 
@@ -270,23 +276,11 @@ class Shadow:
         self.stale = False
 
 
-def _is_dtensor(tensor: Any) -> bool:
-    """Whether ``tensor`` is a ``DTensor``. None exists before something (FSDP) loaded
-    ``torch.distributed.tensor``, whose import, about half a second, the other runs skip."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(tensor, module.DTensor)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of ``tensor``: a ``DTensor``'s local shard, else ``tensor``."""
-    return tensor.to_local() if _is_dtensor(tensor) else tensor
-
-
 def _part(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The part of the saved ``value`` that this rank keeps for the model's ``target``."""
-    if not _is_dtensor(target):
-        return value.full_tensor() if _is_dtensor(value) else value
-    if not _is_dtensor(value):  # whole (a file checkpoint): this rank's chunk of it
+    if not is_dtensor(target):
+        return value.full_tensor() if is_dtensor(value) else value
+    if not is_dtensor(value):  # whole (a file checkpoint): this rank's chunk of it
         from torch.distributed.tensor import distribute_tensor
 
         device = target.to_local().device

@@ -26,7 +26,6 @@ from typing import Any, Literal
 
 import torch
 from pydantic import Field
-from torch.distributed.tensor import DTensor
 
 from hookrun import (
     Plugin,
@@ -36,6 +35,7 @@ from hookrun import (
     all_reduce_max,
     any_rank,
     hookimpl,
+    local_shard,
 )
 
 __all__ = ["NanGuard", "NanGuardSettings", "NonFiniteError"]
@@ -214,7 +214,7 @@ class NanGuard(Plugin[NanGuardSettings]):
         GradScaler groups them. It multiplies by 1.0 in place, which changes no value (the
         losses are detached, and backward has already freed their graphs)."""
         groups = {
-            key: [local(p.grad) for p in params if p.grad is not None]
+            key: [local_shard(p.grad) for p in params if p.grad is not None]
             for key, params in self.groups[name]
         }
         if self.checks_loss(runner):
@@ -341,7 +341,7 @@ def non_finite_names(named: Mapping[str, torch.Tensor]) -> list[str]:
     read per device."""
     by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
     for name, value in named.items():
-        value = local(value)  # a DTensor: this rank's shard
+        value = local_shard(value)  # a DTensor: this rank's shard
         if value.numel():
             by_device.setdefault(value.device, []).append((name, value.detach()))
     bad: list[str] = []
@@ -350,8 +350,3 @@ def non_finite_names(named: Mapping[str, torch.Tensor]) -> list[str]:
         flags = torch.stack([norm.float() for norm in norms]).isfinite().tolist()
         bad += [name for (name, _), ok in zip(pairs, flags, strict=True) if not ok]
     return bad[:SHOWN] + ([f"{len(bad) - SHOWN} more"] if len(bad) > SHOWN else [])
-
-
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of ``tensor``: a ``DTensor``'s local shard (FSDP), else ``tensor``."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
