@@ -17,14 +17,11 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import tempfile
 import time
 
 import torch
-from overhead import CLASSES, FEATURES, HIDDEN, Timing, make_data, measure, report
+from overhead import CLASSES, FEATURES, HIDDEN, hand_loop, measure, report, runner_loop
 from torch import nn
-
-from hookrun import Runner
 
 
 class Mlp(nn.Module):
@@ -41,45 +38,6 @@ class Mlp(nn.Module):
         return self.layers(x)
 
 
-def hand_loop(model: nn.Module, iters: int) -> float:
-    """The overhead benchmark's hand loop on the compiled model."""
-    loader = make_data(iters)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    criterion = nn.CrossEntropyLoss()
-    logged = []
-    start = time.perf_counter()
-    for i, (x, y) in enumerate(loader):
-        loss = criterion(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if (i + 1) % 50 == 0:
-            logged.append(loss.item())
-    return (time.perf_counter() - start) / iters
-
-
-def runner_loop(model: nn.Module, iters: int, default_plugins: bool) -> float:
-    """The Runner on the compiled model: no plugin, or the default plugins and writers."""
-    from hookrun.hooks.discovery import installed_plugins
-
-    timing = Timing()
-    plugins = None if default_plugins else dict.fromkeys(installed_plugins(), False)
-    with tempfile.TemporaryDirectory() as work_dir:
-        Runner(
-            model,
-            make_data(iters),
-            optimizer=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-            criterion=nn.CrossEntropyLoss(),
-            max_epochs=1,
-            work_dir=work_dir,
-            plugins=plugins,
-            hooks=[timing],
-            writers=("jsonl", "tensorboard") if default_plugins else (),
-            log_interval=50,
-        ).train()
-    return timing.elapsed / iters
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=2000)
@@ -91,7 +49,7 @@ def main() -> None:
     initial = copy.deepcopy(model.state_dict())
     model.compile()
     start = time.perf_counter()
-    hand_loop(model, 50)  # compiles forward and backward, outside the timed runs
+    hand_loop(50, model)  # compiles forward and backward, outside the timed runs
     compiling = time.perf_counter() - start
 
     def fresh(run):
@@ -102,9 +60,9 @@ def main() -> None:
         return case
 
     cases = {
-        "hand-written loop": fresh(lambda: hand_loop(model, args.iters)),
-        "hookrun, no plugins": fresh(lambda: runner_loop(model, args.iters, False)),
-        "hookrun, default plugins": fresh(lambda: runner_loop(model, args.iters, True)),
+        "hand-written loop": fresh(lambda: hand_loop(args.iters, model)),
+        "hookrun, no plugins": fresh(lambda: runner_loop(args.iters, False, model=model)),
+        "hookrun, default plugins": fresh(lambda: runner_loop(args.iters, True, model=model)),
     }
     report(
         f"torch {torch.__version__}, compiled MLP (inductor, CPU; first compilation "

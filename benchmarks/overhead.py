@@ -121,9 +121,10 @@ def hand_loop_logging(iters: int, one_event: bool = False) -> float:
     return elapsed / iters
 
 
-def hand_loop(iters: int) -> float:
-    """The loop a user writes by hand, with a .item() every 50 iterations."""
-    model, loader = make_model(), make_data(iters)
+def hand_loop(iters: int, model: nn.Module | None = None) -> float:
+    """The loop a user writes by hand, with a .item() every 50 iterations (on ``model``, or
+    a fresh ``make_model()``)."""
+    model, loader = model if model is not None else make_model(), make_data(iters)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     criterion = nn.CrossEntropyLoss()
     logged = []
@@ -138,14 +139,17 @@ def hand_loop(iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def runner_loop(iters: int, default_plugins: bool, loaded: bool = True) -> float:
+def runner_loop(
+    iters: int, default_plugins: bool, loaded: bool = True, model: nn.Module | None = None
+) -> float:
     """The Runner with every installed plugin off and no writer (the core's report every 50
     iterations is the hand loop's .item()), or with the default plugins and writers.
     ``loaded=False``: no plugin distribution loaded at all (autoload off), against which
-    "every installed plugin off" shows what installed-but-disabled plugins cost."""
+    "every installed plugin off" shows what installed-but-disabled plugins cost. ``model``:
+    trained instead of a fresh ``make_model()``."""
     from hookrun.hooks.discovery import installed_plugins
 
-    model = make_model()
+    model = model if model is not None else make_model()
     timing = Timing()
     plugins = None if default_plugins else dict.fromkeys(installed_plugins(), False)
     autoload = os.environ.get("HOOKRUN_PLUGINS_AUTOLOAD")
