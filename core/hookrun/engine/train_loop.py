@@ -110,9 +110,11 @@ class TrainLoop:
         runner = self.runner
         interval, last = runner.reporter.interval, runner.reporter.last
         due = (done // interval + 1) * interval
-        if per_epoch is not None:
-            due = min(due, done - runner.position.batch + per_epoch)
-        return due if last is None or last <= done else min(due, last)
+        epoch_end = None if per_epoch is None else done - runner.position.batch + per_epoch
+        for end in (epoch_end, last):
+            if end is not None and end > done:
+                due = min(due, end)
+        return due
 
     def next_check(self, done: int, schedule: ValidationSchedule) -> int:
         """The iteration after ``done`` whose end may validate or end the run (an
