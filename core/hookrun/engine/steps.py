@@ -121,10 +121,7 @@ def criterion_loss(
     cannot take, or outputs the criterion cannot take, are one line (as
     :func:`convention_call`). Both calls share one ``try``: the line is built only when one
     fails, so the step pays nothing for it."""
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2:  # criterion_pair, inline
-        inputs, targets = batch[0], batch[1]
-    else:
-        inputs, targets = criterion_pair(batch)
+    inputs, targets = criterion_pair(batch)
     outputs: Any = _NOT_YET
     try:
         outputs = model(inputs)
