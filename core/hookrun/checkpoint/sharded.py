@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from hookrun.checkpoint import files as ckpt_io
 from hookrun.distributed import collectives
+from hookrun.distributed.fsdp import is_dtensor
 from hookrun.engine.optimizer_step import SINGLE
 from hookrun.errors import CheckpointError, CheckpointMismatchError
 
@@ -81,10 +82,9 @@ def split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def _split_dtensors(value: Any) -> tuple[Any, Any]:
     """``value`` with each ``DTensor`` in its dicts replaced by a ``meta`` tensor of the same
     global shape and dtype, and the ``DTensor``s alone in the same nesting (None: none)."""
-    from torch.distributed.tensor import DTensor
 
     def placeholder(leaf: Any) -> tuple[Any, Any] | None:
-        if not isinstance(leaf, DTensor):
+        if not is_dtensor(leaf):
             return None
         return torch.empty(leaf.shape, dtype=leaf.dtype, device="meta"), leaf
 

@@ -148,11 +148,9 @@ def clip_grad_norm_(
 ) -> torch.Tensor:
     """``nn.utils.clip_grad_norm_`` over sharded gradients: the total norm of the whole
     model (every rank's shards), and every shard scaled by the same factor."""
-    from torch.distributed.tensor import DTensor
-
     params = [p for p in parameters if p.grad is not None]
     norm = nn.utils.get_total_norm([p.grad for p in params], norm_type)  # type: ignore[misc]
-    if isinstance(norm, DTensor):
+    if is_dtensor(norm):
         norm = norm.full_tensor()
     nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm
