@@ -129,6 +129,16 @@ class LoopPosition:
             steps = groups_closed(self.epoch, batches, per_epoch, grad_accum)
             self.optimizer_steps = dict.fromkeys(names, steps)
 
+    def iteration_done(self, batches: int) -> None:
+        """A training iteration's step is over: ``batches`` done in the epoch, one more in
+        the run; ``iter_ending`` through its ``after_train_iter`` hooks, and the weights and
+        the position agree again."""
+        self.batch = batches
+        self.iter += 1
+        self.phase = Phase.TRAIN
+        self.iter_ending = True
+        self.stepping = False
+
     def epoch_closed(self, by_epoch: bool) -> bool:
         """Whether the current epoch's training is over (its last batch done)."""
         return self.phase is Phase.TRAINED or (by_epoch and self.phase is Phase.VALIDATED)

@@ -323,9 +323,7 @@ class TrainStep:
         self.manual = runner.manual
         self.optimizers = tuple(optim.optimizers.items())
         self.position = runner.position
-        self.steps = runner.position.optimizer_steps
         self.put = runner.scalars.put
-        self.names: dict[str, str] = {}  # each loss's scalar name, train/<name>
         self.where = f"{type(self.module).__name__}.training_step"
         self.hooked = runner.hooks.after_train_iter.used  # something reads the losses
         self.uneven = False  # some rank has no batch for the epoch's last iteration
@@ -344,17 +342,14 @@ class TrainStep:
         losses = training_losses(self.model, self.module, self.step, self.criterion, batch)
         loss = self.last_loss = losses["loss"]
         loss.backward()
-        pos, steps = self.position, self.steps
+        pos = self.position
+        steps = pos.optimizer_steps
         pos.stepping = True
         for name, optimizer in self.optimizers:
             optimizer.step()
             steps[name] = steps.get(name, 0) + 1
             optimizer.zero_grad(set_to_none=True)
-        pos.batch = batch_idx + 1
-        pos.iter += 1
-        pos.phase = Phase.TRAIN
-        pos.iter_ending = True
-        pos.stepping = False
+        pos.iteration_done(batch_idx + 1)
         if len(losses) > 1:
             return self.stored(losses)
         loss = loss.detach()  # what the store keeps: a graph-free tensor, not read until a report
@@ -386,22 +381,18 @@ class TrainStep:
             if boundary:
                 pos.stepping = True
                 optim.step()
-        pos.batch = batch_idx + 1
-        pos.iter += 1
-        pos.phase = Phase.TRAIN
-        pos.iter_ending = True
-        pos.stepping = False
+        pos.iteration_done(batch_idx + 1)
         return self.stored(losses)
 
     def stored(self, losses: dict[str, Any]) -> dict[str, Any]:
         """The losses detached (numbers as they are), each put in the scalar store as
         ``train/<name>``; empty for a rank that joined the iteration without a batch."""
-        outputs, names, put = {}, self.names, self.put
+        outputs = {}
         for name, value in losses.items():
             if isinstance(value, torch.Tensor):
                 value = value.detach()
             outputs[name] = value
-            put(names.get(name) or names.setdefault(name, "train/" + name), value)
+            self.put("train/" + name, value)
         return outputs
 
     def close_group(self) -> None:
