@@ -175,6 +175,10 @@ class ResumableLoader:
         assert batch_sampler is not None
         workers = loader.num_workers
         self.batches = EpochBatches(batch_sampler, seed, seeded=workers > 0)
+        # read once, as every loader's: reports ask for the run's length (a chain of
+        # ``__len__`` calls through the samplers down to the dataset)
+        self.length: int = len(batch_sampler)  # type: ignore[arg-type]
+        """Batches per epoch."""
         options = loader_options(loader)
         self.quiet = workers > 0 and bool(quiet_signals)
         if self.quiet:
@@ -195,12 +199,7 @@ class ResumableLoader:
         return self.original.dataset
 
     def __len__(self) -> int:
-        return len(self.batches.batch_sampler)  # type: ignore[arg-type]
-
-    @property
-    def length(self) -> int:
-        """Batches per epoch."""
-        return len(self)
+        return self.length
 
     def epoch_iter(self, epoch: int, skip: int = 0) -> Iterator[Any]:
         self.batches.epoch = epoch

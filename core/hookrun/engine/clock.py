@@ -1,6 +1,8 @@
 """Iteration timings kept by the training loop itself: two ``perf_counter`` readings and one
 list append per iteration, inline, with no hook call (a Python frame costs about a
-microsecond, a few percent of a small model's step). The timer plugin reads them.
+microsecond, a few percent of a small model's step). The timer plugin reads them; the loop
+takes them only once a reader has asked (:meth:`IterationClock.keep`), so a run without one
+pays nothing for them.
 
 An iteration's *period* runs from the end of the previous iteration's step to the end of its
 own (before its ``after_train_iter`` hooks, so a checkpoint saved there counts it); reports
@@ -24,6 +26,7 @@ class IterationClock:
         self.pending: list[tuple[float, float, int]] = []
         self.recent: deque[tuple[float, float, int]] = deque(maxlen=window)
         self.warmup = 0  # iterations left out of the timed totals (the timer sets it)
+        self.recording = False  # whether the loop records iterations: someone reads them
         # under torch.distributed: the slowest rank's mean data time over the last report
         # interval, set at each report point (None before the first, and in one process)
         self.slowest_data_time: float | None = None
@@ -69,7 +72,9 @@ class IterationClock:
         return data / iters if iters else 0.0
 
     def keep(self, size: int) -> None:
-        """Keep at least the last ``size`` iterations in the window."""
+        """Keep at least the last ``size`` iterations in the window; the loop records
+        iterations from the first call on (a reader of the clock calls it before training)."""
+        self.recording = True
         if size > (self.recent.maxlen or 0):
             self.recent = deque(self.recent, maxlen=size)
 

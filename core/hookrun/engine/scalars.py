@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -29,18 +29,24 @@ class ScalarStore:
         """How many values of each name the store keeps (for ``mean`` and ``history``)."""
         self.batched = batched
         """Whether a read moves every value to the host in one transfer (else one by one)."""
-        self._history: dict[str, deque[Any]] = {}  # the latest value is each one's last
-        self._fresh: dict[str, int] = {}  # series values put since the last report
+        # Each name's values in two parts: those put since its last report (the next
+        # report's series), and those reported before; together its kept history.
+        self._fresh: dict[str, deque[Any]] = {}
+        self._reported: dict[str, deque[Any]] = {}
         self._gauges: set[str] = set()
 
     def put(self, name: str, value: Any) -> None:
         """Add a value to the series ``name``."""
-        history = self._history.get(name)
-        if history is None:
-            history = self._history[name] = deque(maxlen=self.window)
-            self._fresh[name] = 0
-        history.append(value)
-        self._fresh[name] += 1
+        self.appender(name)(value)
+
+    def appender(self, name: str) -> Callable[[Any], None]:
+        """What ``put(name, value)`` does, as a C method to call with the value: the training
+        step puts its loss so every iteration, without a Python frame."""
+        fresh = self._fresh.get(name)
+        if fresh is None:
+            fresh = self._fresh[name] = deque(maxlen=self.window)
+            self._reported[name] = deque(maxlen=self.window)
+        return fresh.append
 
     def update(self, values: Mapping[str, Any], prefix: str = "") -> None:
         """``put`` every value of ``values``, its name prefixed with ``prefix``."""
@@ -56,20 +62,24 @@ class ScalarStore:
 
     def report(self, prefix: str = "train/") -> dict[str, float]:
         """Host floats of every ``prefix`` name for a report, in one transfer: series as the
-        mean of the values put since the last report (names with none are left out), gauges
-        as their latest value. Starts the next report's series."""
+        mean of the values put since the last report (the last ``window`` of them; names with
+        none are left out), gauges as their latest value. Starts the next report's series."""
         pending: list[Any] = []
         names: list[str] = []
-        for name, history in self._history.items():
+        for name, fresh in self._fresh.items():
             if not name.startswith(prefix):
                 continue
-            fresh = 1 if name in self._gauges else min(self._fresh[name], len(history))
-            if fresh == 0:
+            reported = self._reported[name]
+            if name in self._gauges:
+                value = fresh[-1] if fresh else reported[-1]
+            elif not fresh:
                 continue
-            values = list(history)[-fresh:]
+            else:
+                value = fresh[0] if len(fresh) == 1 else self._series_mean(list(fresh))
             names.append(name)
-            pending.append(values[0] if fresh == 1 else self._series_mean(values))
-            self._fresh[name] = 0
+            pending.append(value)
+            reported.extend(fresh)
+            fresh.clear()
         return self._without_unset(names, pending)
 
     def _without_unset(self, names: list[str], values: list[Any]) -> dict[str, float]:
@@ -82,23 +92,25 @@ class ScalarStore:
         }
 
     def names(self) -> list[str]:
-        """Every name put or gauged so far."""
-        return list(self._history)
+        """Every name put or gauged so far (since :meth:`clear`)."""
+        return [name for name, fresh in self._fresh.items() if fresh or self._reported[name]]
 
     def latest(self, names: Iterable[str] | None = None) -> dict[str, float]:
         """Latest values as floats (one batched transfer)."""
-        keys = list(self._history) if names is None else [n for n in names if n in self._history]
-        return self._without_unset(keys, [self._history[k][-1] for k in keys])
+        kept = self.names()
+        keys = kept if names is None else [n for n in names if n in kept]
+        return self._without_unset(keys, [self.history(k)[-1] for k in keys])
 
     def mean(
         self, names: Iterable[str] | None = None, window: int | None = None
     ) -> dict[str, float]:
         """Mean of the last ``window`` values of each name (one batched transfer)."""
-        keys = list(self._history) if names is None else [n for n in names if n in self._history]
+        kept = self.names()
+        keys = kept if names is None else [n for n in names if n in kept]
         flat: list[Any] = []
         counts = []
         for key in keys:
-            values = list(self._history[key])[-(window or self.window) :]
+            values = self.history(key)[-(window or self.window) :]
             flat.extend(values)
             counts.append(len(values))
         floats = to_floats(flat) if self.batched else [float(value) for value in flat]
@@ -109,13 +121,18 @@ class ScalarStore:
         return out
 
     def history(self, name: str) -> list[Any]:
-        """The kept values of ``name``, oldest first, as put (tensors stay on the device)."""
-        return list(self._history.get(name, ()))
+        """The kept values of ``name`` (the last ``window``), oldest first, as put (tensors
+        stay on the device)."""
+        if name not in self._fresh:
+            return []
+        values = [*self._reported[name], *self._fresh[name]]
+        return values[-self.window :]
 
     def clear(self) -> None:
-        """Forget every name and value."""
-        self._history.clear()
-        self._fresh.clear()
+        """Forget every name and value; an :meth:`appender` taken before keeps putting."""
+        for name, fresh in self._fresh.items():
+            fresh.clear()
+            self._reported[name].clear()
         self._gauges.clear()
 
     def _series_mean(self, values: list[Any]) -> Any:

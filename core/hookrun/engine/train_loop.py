@@ -162,6 +162,7 @@ class TrainLoop:
         after_iter = hooks.after_train_iter if hooks.after_train_iter.used else None
         clock = runner.clock  # read inline: a method call per iteration costs a microsecond
         record, now, world = clock.pending.append, time.perf_counter, runner.world_size
+        timed = clock.recording  # else nobody reads the iterations' timings
         mark = since = now()  # the previous iteration's end; the end of its hooks
         batches: Iterable[Any] = self.loader.epoch_iter(pos.epoch, skip)
         step.uneven, short = last_batch(self.loader, pos.epoch)
@@ -169,12 +170,13 @@ class TrainLoop:
         if short:  # this rank's share ends a batch early: it joins the last iteration
             batches = itertools.chain(batches, [None])  # without a batch
         for batch_idx, batch in enumerate(batches, start=skip):
-            arrived = now()
-            first = batch[0] if type(batch) in (tuple, list) and batch else batch
-            if type(first) is torch.Tensor and first.ndim:  # the usual batch, read inline
-                count = first.shape[0]
-            else:
-                count = batch_size(batch) if batch is not None else 0
+            if timed:
+                arrived = now()
+                first = batch[0] if type(batch) in (tuple, list) and batch else batch
+                if type(first) is torch.Tensor and first.ndim:  # the usual batch, read inline
+                    count = first.shape[0]
+                else:
+                    count = batch_size(batch) if batch is not None else 0
             if move:
                 batch = to_device(batch, device)
             if transform is not None and batch is not None:
@@ -188,9 +190,10 @@ class TrainLoop:
             if report:
                 reporter.keep_lrs()
             outputs = take(batch, batch_idx)
-            ended = now()
-            record((ended - mark, arrived - since, count * world))
-            mark = since = ended
+            if timed:
+                ended = now()
+                record((ended - mark, arrived - since, count * world))
+                mark = since = ended
             if after_iter is not None:
                 after_iter(runner=runner, batch_idx=batch_idx, batch=batch, outputs=outputs)
                 since = now()
@@ -324,6 +327,7 @@ class TrainStep:
         self.optimizers = tuple(optim.optimizers.items())
         self.position = runner.position
         self.put = runner.scalars.put
+        self.put_loss = runner.scalars.appender("train/loss")  # a C call per iteration
         self.where = f"{type(self.module).__name__}.training_step"
         self.hooked = runner.hooks.after_train_iter.used  # something reads the losses
         self.uneven = False  # some rank has no batch for the epoch's last iteration
@@ -353,7 +357,7 @@ class TrainStep:
         if len(losses) > 1:
             return self.stored(losses)
         loss = loss.detach()  # what the store keeps: a graph-free tensor, not read until a report
-        self.put("train/loss", loss)
+        self.put_loss(loss)
         return {"loss": loss} if self.hooked else None
 
     def any_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
