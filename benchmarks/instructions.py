@@ -34,58 +34,18 @@ CASES = ("hand-written loop", "hookrun, no plugins", "hookrun, default plugins")
 
 
 def probe(case: str, iters: int, shim: str) -> None:
-    """Train ``EPOCHS`` epochs of ``iters`` iterations, counting inside each epoch."""
+    """Train ``EPOCHS`` epochs of ``iters`` iterations with ``overhead.py``'s loops,
+    counting inside each epoch."""
     import torch
-    from overhead import make_data, make_model
-    from torch import nn
-
-    from hookrun import Runner, hookimpl
-    from hookrun.hooks.discovery import installed_plugins
+    from overhead import hand_loop, runner_loop
 
     torch.set_num_threads(1)
     counter = ctypes.CDLL(shim)
-    model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    criterion = nn.CrossEntropyLoss()
+    marks = (counter.start, counter.stop)
     if case == CASES[0]:
-        loader, logged = make_data(iters), []
-        for _ in range(EPOCHS):
-            counter.start()
-            for i, (x, y) in enumerate(loader):
-                loss = criterion(model(x), y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                if (i + 1) % 50 == 0:
-                    logged.append(loss.item())
-            counter.stop()
-        return
-
-    class Count:
-        priority = 0
-
-        @hookimpl
-        def before_train_epoch(self) -> None:
-            counter.start()
-
-        @hookimpl
-        def after_train_epoch(self) -> None:
-            counter.stop()
-
-    default = case == CASES[2]
-    with tempfile.TemporaryDirectory() as work_dir:
-        Runner(
-            model,
-            make_data(iters),
-            optimizer=optimizer,
-            criterion=criterion,
-            max_epochs=EPOCHS,
-            work_dir=work_dir,
-            plugins=None if default else dict.fromkeys(installed_plugins(), False),
-            hooks=[Count()],
-            writers=("jsonl", "tensorboard") if default else (),
-            log_interval=50,
-        ).train()
+        hand_loop(iters, epochs=EPOCHS, marks=marks)
+    else:
+        runner_loop(iters, case == CASES[2], epochs=EPOCHS, marks=marks)
 
 
 def counted(case: str, iters: int, shim: str, out: Path) -> int:

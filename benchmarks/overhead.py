@@ -121,36 +121,56 @@ def hand_loop_logging(iters: int, one_event: bool = False) -> float:
     return elapsed / iters
 
 
-def hand_loop(iters: int, model: nn.Module | None = None) -> float:
+def nothing() -> None:
+    """A mark that does nothing (the timed loops' default ``marks``)."""
+
+
+def hand_loop(
+    iters: int,
+    model: nn.Module | None = None,
+    epochs: int = 1,
+    marks: tuple[Callable[[], None], Callable[[], None]] = (nothing, nothing),
+) -> float:
     """The loop a user writes by hand, with a .item() every 50 iterations (on ``model``, or
-    a fresh ``make_model()``)."""
+    a fresh ``make_model()``): seconds per iteration of its last epoch. ``marks`` are
+    called at each epoch's start and end (the instruction counter's switch)."""
     model, loader = model if model is not None else make_model(), make_data(iters)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     criterion = nn.CrossEntropyLoss()
     logged = []
-    start = time.perf_counter()
-    for i, (x, y) in enumerate(loader):
-        loss = criterion(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if (i + 1) % 50 == 0:
-            logged.append(loss.item())
-    return (time.perf_counter() - start) / iters
+    for _ in range(epochs):
+        marks[0]()
+        start = time.perf_counter()
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if (i + 1) % 50 == 0:
+                logged.append(loss.item())
+        elapsed = time.perf_counter() - start
+        marks[1]()
+    return elapsed / iters
 
 
 def runner_loop(
-    iters: int, default_plugins: bool, loaded: bool = True, model: nn.Module | None = None
+    iters: int,
+    default_plugins: bool,
+    loaded: bool = True,
+    model: nn.Module | None = None,
+    epochs: int = 1,
+    marks: tuple[Callable[[], None], Callable[[], None]] = (nothing, nothing),
 ) -> float:
     """The Runner with every installed plugin off and no writer (the core's report every 50
-    iterations is the hand loop's .item()), or with the default plugins and writers.
-    ``loaded=False``: no plugin distribution loaded at all (autoload off), against which
-    "every installed plugin off" shows what installed-but-disabled plugins cost. ``model``:
-    trained instead of a fresh ``make_model()``."""
+    iterations is the hand loop's .item()), or with the default plugins and writers:
+    seconds per iteration of its last epoch. ``loaded=False``: no plugin distribution
+    loaded at all (autoload off), against which "every installed plugin off" shows what
+    installed-but-disabled plugins cost. ``model``: trained instead of a fresh
+    ``make_model()``; ``marks`` as the hand loop's."""
     from hookrun.hooks.discovery import installed_plugins
 
     model = model if model is not None else make_model()
-    timing = Timing()
+    timing = Timing(marks)
     plugins = None if default_plugins else dict.fromkeys(installed_plugins(), False)
     autoload = os.environ.get("HOOKRUN_PLUGINS_AUTOLOAD")
     if not loaded:
@@ -162,7 +182,7 @@ def runner_loop(
                 make_data(iters),
                 optimizer=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                 criterion=nn.CrossEntropyLoss(),
-                max_epochs=1,
+                max_epochs=epochs,
                 work_dir=work_dir,
                 plugins=plugins,
                 hooks=[timing],
@@ -179,17 +199,25 @@ def runner_loop(
 
 
 class Timing:
-    """Times the epoch from its first iteration to its end, as the hand loop is timed."""
+    """Times each epoch from its first iteration to its end, as the hand loop is timed,
+    calling ``marks`` at both ends."""
 
     priority = 0
 
+    def __init__(
+        self, marks: tuple[Callable[[], None], Callable[[], None]] = (nothing, nothing)
+    ) -> None:
+        self.marks = marks
+
     @hookimpl
     def before_train_epoch(self):
+        self.marks[0]()
         self.start = time.perf_counter()
 
     @hookimpl
     def after_train_epoch(self):
         self.elapsed = time.perf_counter() - self.start
+        self.marks[1]()
 
 
 Rounds = dict[str, list[float]]

@@ -112,7 +112,9 @@ class JsonlWriter(Writer):
 
     def write_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         record: dict[str, Any] = {"step": step, "time": round(time.time(), 3)}
-        record.update({k: _json_number(v) for k, v in scalars.items()})
+        for name, number in scalars.items():  # NaN and infinities as strings: valid JSON
+            number = float(number)
+            record[name] = number if math.isfinite(number) else str(number)
         self._write(record)
 
     def write_config(self, config: Mapping[str, Any]) -> None:
@@ -154,10 +156,11 @@ class TensorBoardWriter(Writer):
     def __init__(self, work_dir: str | Path, subdir: str = "tensorboard") -> None:
         super().__init__(work_dir)
         # imported with the first writer, not with hookrun (start-up stays light)
+        from google_crc32c import value as crc32c
         from tensorboardX.proto.event_pb2 import Event
         from tensorboardX.proto.summary_pb2 import Summary
 
-        self._event, self._summary = Event, Summary
+        self._event, self._summary, self._crc32c = Event, Summary, crc32c
         self.log_dir = self.work_dir / subdir
         check_no_links(self.work_dir, self.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -235,8 +238,8 @@ class TensorBoardWriter(Writer):
         """One TFRecord: length, its masked CRC-32C, the event, the event's masked CRC-32C."""
         data = event.SerializeToString()
         header = struct.pack("<Q", len(data))
-        header_crc = struct.pack("<I", _masked_crc32c(header))
-        data_crc = struct.pack("<I", _masked_crc32c(data))
+        header_crc = struct.pack("<I", _masked(self._crc32c(header)))
+        data_crc = struct.pack("<I", _masked(self._crc32c(data)))
         self._file.write(header + header_crc + data + data_crc)
         self._file.flush()
 
@@ -480,14 +483,7 @@ def checkpoint_signature(path: Path) -> str:
     return f"{path.name} {stat.st_size} {stat.st_mtime_ns}"
 
 
-def _masked_crc32c(data: bytes) -> int:
-    """The TFRecord format's checksum: CRC-32C, rotated right by 15 bits, plus a constant."""
-    import google_crc32c
-
-    crc = google_crc32c.value(data)
+def _masked(crc: int) -> int:
+    """The TFRecord format's checksum from a CRC-32C: rotated right by 15 bits, plus a
+    constant."""
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _json_number(value: float) -> float | str:
-    value = float(value)
-    return value if math.isfinite(value) else str(value)

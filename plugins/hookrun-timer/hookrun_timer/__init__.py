@@ -244,6 +244,8 @@ class Segment:
         self.last_event: Any = None
         self._speed: tuple[Any, Any] = (0.0, 0.0)
         self._speed_at = -1
+        self._window: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
+        self._window_at = -1
         self.training = False
         self.iters = 0  # iterations seen by after_train_iter (CUDA events)
 
@@ -263,8 +265,17 @@ class Segment:
                 self.events.append((self.last_event, end_event, latest[2]))
             self.last_event = end_event
 
+    def window_totals(self) -> tuple[int, float, float, int]:
+        """The clock's ``window_totals`` over the window, summed once per
+        report however often they are read."""
+        self.clock.fold()
+        if self._window_at != self.clock.iters:
+            self._window = self.clock.window_totals(self.size)
+            self._window_at = self.clock.iters
+        return self._window
+
     def data_time(self) -> float:
-        iters, _, waits, _ = self.clock.window_totals(self.size)
+        iters, _, waits, _ = self.window_totals()
         return waits / iters if iters else math.nan
 
     def speed(self) -> tuple[Any, Any]:
@@ -280,7 +291,7 @@ class Segment:
         if self.events:
             measured = EventWindow(tuple(self.events))
             return Lazy(measured, "seconds"), Lazy(measured, "throughput")
-        iters, seconds, _, samples = self.clock.window_totals(self.size)
+        iters, seconds, _, samples = self.window_totals()
         if not iters:
             return math.nan, math.nan
         return seconds / iters, samples / seconds if seconds > 0 else 0.0
