@@ -207,8 +207,8 @@ class RunnerProtocol(Protocol):
         """Iteration timings the training loop takes itself (period, data time, samples),
         read by the timer plugin; the loop takes them once a reader has called
         ``clock.keep(size)`` (before training); ``clock.warmup`` sets how many it leaves out
-        of the timed totals; under torch.distributed ``clock.slowest_data_time`` is the slowest rank's mean
-        data time over the last report interval."""
+        of the timed totals; under torch.distributed ``clock.slowest_data_time`` is the
+        slowest rank's mean data time over the last report interval."""
         ...
 
     @property
