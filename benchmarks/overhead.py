@@ -238,19 +238,31 @@ def measure(cases: dict[str, Callable[[], float]], repeats: int) -> Rounds:
     return times
 
 
+def ratios(times: Rounds, case: str, base: str) -> list[float]:
+    """case / base in each round, sorted: runs a few seconds apart, so the machine's slow
+    drifts (other tenants, clocks) cancel."""
+    return sorted(a / b for a, b in zip(times[case], times[base], strict=True))
+
+
 def paired(times: Rounds, case: str, base: str) -> float:
-    """Median over rounds of case / base: runs a few seconds apart, so the machine's slow
-    drifts (other tenants, clocks) cancel; steadier than a ratio of medians."""
-    return statistics.median(a / b for a, b in zip(times[case], times[base], strict=True))
+    """Median over rounds of case / base: steadier than a ratio of medians."""
+    return statistics.median(ratios(times, case, base))
 
 
 def report(title: str, times: Rounds) -> None:
     print(title)
-    print(f"{'case':46s} {'us/iter':>9s} {'ratio':>7s}")
+    print(f"{'case':46s} {'us/iter':>9s} {'ratio':>7s}  {'middle half of the rounds':>25s}")
     for name, values in times.items():
-        ratio = paired(times, name, "hand-written loop")
-        print(f"{name:46s} {statistics.median(values) * 1e6:9.1f} {ratio:7.3f}")
-    print("us/iter: median over rounds; ratio: median over rounds of the ratio to the hand loop")
+        each = ratios(times, name, "hand-written loop")
+        quarter = len(each) // 4
+        spread = f"{each[quarter]:.3f}-{each[-1 - quarter]:.3f}"
+        micros, ratio = statistics.median(values) * 1e6, statistics.median(each)
+        print(f"{name:46s} {micros:9.1f} {ratio:7.3f}  {spread:>25s}")
+    print(
+        "us/iter: median over rounds; ratio: median over rounds of the ratio to the hand loop; "
+        "middle half: its rounds' ratios from the first quartile to the third"
+    )
+    print(f"machine load average at the end: {os.getloadavg()[0]:.2f}")
     if LOGGING_ADD_SCALAR not in times:  # peers.py: the table alone
         return
     defaults = "hookrun, default plugins"
