@@ -20,7 +20,7 @@ import statistics
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -137,20 +137,29 @@ def hand_loop(
     model, loader = model if model is not None else make_model(), make_data(iters)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     criterion = nn.CrossEntropyLoss()
-    logged = []
     for _ in range(epochs):
         marks[0]()
         start = time.perf_counter()
-        for i, (x, y) in enumerate(loader):
-            loss = criterion(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            if (i + 1) % 50 == 0:
-                logged.append(loss.item())
+        textbook_epoch(model, loader, optimizer, criterion)
         elapsed = time.perf_counter() - start
         marks[1]()
     return elapsed / iters
+
+
+def textbook_epoch(
+    model: nn.Module, loader: Iterable[tuple[torch.Tensor, torch.Tensor]], optimizer, criterion
+) -> list[float]:
+    """One epoch of the loop users write by hand, the loss read to the host every 50
+    iterations: every benchmark's reference (DDP and FSDP pass their wrapped model)."""
+    logged = []
+    for i, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if (i + 1) % 50 == 0:
+            logged.append(loss.item())
+    return logged
 
 
 def runner_loop(
