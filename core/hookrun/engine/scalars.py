@@ -69,16 +69,15 @@ class ScalarStore:
         for name, fresh in self._fresh.items():
             if not name.startswith(prefix):
                 continue
-            reported = self._reported[name]
             if name in self._gauges:
-                value = fresh[-1] if fresh else reported[-1]
+                value = self._last(name)
             elif not fresh:
                 continue
             else:
                 value = fresh[0] if len(fresh) == 1 else self._series_mean(list(fresh))
             names.append(name)
             pending.append(value)
-            reported.extend(fresh)
+            self._reported[name].extend(fresh)
             fresh.clear()
         return self._without_unset(names, pending)
 
@@ -99,7 +98,7 @@ class ScalarStore:
         """Latest values as floats (one batched transfer)."""
         kept = self.names()
         keys = kept if names is None else [n for n in names if n in kept]
-        return self._without_unset(keys, [self.history(k)[-1] for k in keys])
+        return self._without_unset(keys, [self._last(k) for k in keys])
 
     def mean(
         self, names: Iterable[str] | None = None, window: int | None = None
@@ -127,6 +126,11 @@ class ScalarStore:
             return []
         values = [*self._reported[name], *self._fresh[name]]
         return values[-self.window :]
+
+    def _last(self, name: str) -> Any:
+        """The latest value of ``name`` (one was put)."""
+        fresh = self._fresh[name]
+        return fresh[-1] if fresh else self._reported[name][-1]
 
     def clear(self) -> None:
         """Forget every name and value; an :meth:`appender` taken before keeps putting."""

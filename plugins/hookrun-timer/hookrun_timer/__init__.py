@@ -242,10 +242,8 @@ class Segment:
             deque(maxlen=settings.window) if use_events else None
         )
         self.last_event: Any = None
-        self._speed: tuple[Any, Any] = (0.0, 0.0)
-        self._speed_at = -1
-        self._window: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
-        self._window_at = -1
+        self._measured: tuple[tuple[Any, Any], float] = ((math.nan, math.nan), math.nan)
+        self._measured_at = -1  # the clock's iterations when last measured
         self.training = False
         self.iters = 0  # iterations seen by after_train_iter (CUDA events)
 
@@ -265,36 +263,30 @@ class Segment:
                 self.events.append((self.last_event, end_event, latest[2]))
             self.last_event = end_event
 
-    def window_totals(self) -> tuple[int, float, float, int]:
-        """The clock's ``window_totals`` over the window, summed once per
-        report however often they are read."""
-        self.clock.fold()
-        if self._window_at != self.clock.iters:
-            self._window = self.clock.window_totals(self.size)
-            self._window_at = self.clock.iters
-        return self._window
+    def speed(self) -> tuple[Any, Any]:
+        """Seconds per iteration and samples/s over the window (:meth:`_measure`)."""
+        return self._measure()[0]
 
     def data_time(self) -> float:
-        iters, _, waits, _ = self.window_totals()
-        return waits / iters if iters else math.nan
+        """Mean data seconds per iteration over the window (NaN while it is empty)."""
+        return self._measure()[1]
 
-    def speed(self) -> tuple[Any, Any]:
-        """The window's speed, computed once per report however often it is read."""
-        self.clock.fold()
-        if self._speed_at != self.clock.iters:
-            self._speed, self._speed_at = self._window_speed(), self.clock.iters
-        return self._speed
-
-    def _window_speed(self) -> tuple[Any, Any]:
-        """Seconds per iteration and samples/s over the window: floats, or with CUDA events
-        two lazy values sharing one measurement."""
-        if self.events:
-            measured = EventWindow(tuple(self.events))
-            return Lazy(measured, "seconds"), Lazy(measured, "throughput")
-        iters, seconds, _, samples = self.window_totals()
-        if not iters:
-            return math.nan, math.nan
-        return seconds / iters, samples / seconds if seconds > 0 else 0.0
+    def _measure(self) -> tuple[tuple[Any, Any], float]:
+        """The window's speed and data time, summed once per report however often they are
+        read; with CUDA events the speed is two lazy values sharing one measurement."""
+        clock = self.clock
+        clock.fold()
+        if self._measured_at != clock.iters:
+            iters, seconds, waits, samples = clock.window_totals(self.size)
+            speed: tuple[Any, Any] = (math.nan, math.nan)
+            if self.events:
+                measured = EventWindow(tuple(self.events))
+                speed = Lazy(measured, "seconds"), Lazy(measured, "throughput")
+            elif iters:
+                speed = seconds / iters, samples / seconds if seconds > 0 else 0.0
+            self._measured = speed, waits / iters if iters else math.nan
+            self._measured_at = clock.iters
+        return self._measured
 
     def restart_events(self) -> None:
         if self.events is not None:
