@@ -15,7 +15,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hookrun import Runner, hookimpl
-from hookrun.testing import LossRecorder, toy_data, two_loss_model
+from hookrun.testing import LossRecorder, toy_data, toy_model, two_loss_model
 
 
 def make_runner(tmp_path: Path, **overrides: Any) -> Runner:
@@ -73,6 +73,39 @@ def test_losses_averaged_since_the_last_report_without_any_plugin(tmp_path):
         assert scalar_records(records, f"train/{term}") == pytest.approx(expected, rel=1e-12)
     assert scalar_records(records, "train/lr") == {s: 0.05 for s in REPORTS}
     assert not scalar_records(records, "train/eta")
+
+
+def test_a_plain_single_loss_run_reports_the_means_of_a_hand_loops_losses(tmp_path):
+    """The plain step (one loss, no hook reading the losses; on the CPU its loss is stored
+    as a float): every report's ``train/loss`` is the float64 mean of the losses a hand loop
+    computes over the same batches."""
+    model = toy_model()
+    reference = toy_model()
+    data = toy_data(200, 8, shuffle=False, seed=0)
+    runner = make_runner(
+        tmp_path,
+        model=model,
+        train_dataloader=data,
+        val_dataloader=None,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        criterion=torch.nn.CrossEntropyLoss(),
+    )
+    runner.train()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(2):
+        for x, y in data:
+            loss = torch.nn.functional.cross_entropy(reference(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.detach().double())
+    expected = {
+        step: float(torch.stack(losses[before:step]).mean())
+        for before, step in zip([0, *REPORTS], REPORTS, strict=False)
+    }
+    records = read_jsonl(runner.work_dir / "log.jsonl")
+    assert scalar_records(records, "train/loss") == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_run_shorter_than_the_interval_still_reports(tmp_path):
