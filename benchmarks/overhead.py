@@ -260,16 +260,19 @@ def paired(times: Rounds, case: str, base: str) -> float:
 
 def report(title: str, times: Rounds) -> None:
     print(title)
-    print(f"{'case':46s} {'us/iter':>9s} {'ratio':>7s}  {'middle half of the rounds':>25s}")
+    header = f"{'case':46s} {'us/iter':>9s} {'ratio':>7s}  {'middle half of the rounds':>25s}"
+    print(f"{header} {'fastest':>8s}")
+    hand = min(times["hand-written loop"])
     for name, values in times.items():
         each = ratios(times, name, "hand-written loop")
         quarter = len(each) // 4
         spread = f"{each[quarter]:.3f}-{each[-1 - quarter]:.3f}"
         micros, ratio = statistics.median(values) * 1e6, statistics.median(each)
-        print(f"{name:46s} {micros:9.1f} {ratio:7.3f}  {spread:>25s}")
+        print(f"{name:46s} {micros:9.1f} {ratio:7.3f}  {spread:>25s} {min(values) / hand:8.3f}")
     print(
         "us/iter: median over rounds; ratio: median over rounds of the ratio to the hand loop; "
-        "middle half: its rounds' ratios from the first quartile to the third"
+        "middle half: its rounds' ratios from the first quartile to the third; fastest: the "
+        "case's fastest round over the hand loop's (a busy machine only ever adds time)"
     )
     print(f"machine load average at the end: {os.getloadavg()[0]:.2f}")
     if LOGGING_ADD_SCALAR not in times:  # peers.py: the table alone

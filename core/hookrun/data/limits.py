@@ -10,8 +10,9 @@ from typing import Any
 
 class LimitedLoader:
     """The first ``limit`` batches of each epoch of a wrapped loader (a
-    :class:`~hookrun.data.loaders.ResumableLoader` or ``PlainLoader``); resuming at batch
-    ``skip`` skips as the wrapped loader does."""
+    :class:`~hookrun.data.loaders.ResumableLoader` or a
+    :class:`~hookrun.data.streams.PlainLoader`); resuming at batch ``skip`` skips as the
+    wrapped loader does."""
 
     def __init__(self, loader: Any, limit: int) -> None:
         self.inner = loader

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, get_worker_info
 
-from hookrun.data.streams import StatefulLoader, is_stateful, sized
+from hookrun.data.streams import PlainLoader, StatefulLoader, is_stateful
 
 _MASK = (1 << 63) - 1
 
@@ -263,36 +263,6 @@ def _quiet_worker(
         signal.signal(number, signal.SIG_IGN)
     if user_init is not None:
         user_init(worker_id)
-
-
-class PlainLoader:
-    """Any other re-iterable of batches; resuming mid-epoch skips by iterating past batches.
-
-    A stream (no ``__len__``) ends its epoch when its iterator does; ``length`` is None
-    until the training loop has seen an epoch end (then that epoch's batches, for estimates:
-    the loop itself never relies on it). A stream is not skipped into: it restarts its epoch
-    (:func:`hookrun.checkpoint.state.restore` says so)."""
-
-    def __init__(self, iterable: Iterable[Any]) -> None:
-        self.original = iterable
-        self.dataset = getattr(iterable, "dataset", None)
-        self.length = sized(iterable)
-        self.stream = self.length is None
-
-    def __len__(self) -> int:
-        return len(self.original)  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        """Nothing to end: the user's loader keeps its own workers."""
-
-    def continue_epoch(self, epoch: int, batches_done: int, saved_world: int) -> int | None:
-        """None: the iterable's sampling is its own, not hookrun's to deal out anew."""
-        return None
-
-    def epoch_iter(self, epoch: int, skip: int = 0) -> Iterator[Any]:
-        if hasattr(self.original, "set_epoch"):
-            self.original.set_epoch(epoch)
-        return itertools.islice(iter(self.original), skip, None)
 
 
 def make_loader(
