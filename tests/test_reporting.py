@@ -76,9 +76,8 @@ def test_losses_averaged_since_the_last_report_without_any_plugin(tmp_path):
 
 
 def test_a_plain_single_loss_run_reports_the_means_of_a_hand_loops_losses(tmp_path):
-    """The plain step (one loss, no hook reading the losses; on the CPU its loss is stored
-    as a float): every report's ``train/loss`` is the float64 mean of the losses a hand loop
-    computes over the same batches."""
+    """The plain step (one loss, no hook reading the losses): every report's ``train/loss``
+    is the float64 mean of the losses a hand loop computes over the same batches."""
     model = toy_model()
     reference = toy_model()
     data = toy_data(200, 8, shuffle=False, seed=0)

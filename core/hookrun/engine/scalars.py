@@ -121,7 +121,7 @@ class ScalarStore:
 
     def history(self, name: str) -> list[Any]:
         """The kept values of ``name`` (the last ``window``), oldest first, as put (tensors
-        stay on the device; the CPU training step puts its loss as a float)."""
+        stay on the device)."""
         if name not in self._fresh:
             return []
         values = [*self._reported[name], *self._fresh[name]]

@@ -328,9 +328,6 @@ class TrainStep:
         self.position = runner.position
         self.put = runner.scalars.put
         self.put_loss = runner.scalars.appender("train/loss")  # a C call per iteration
-        # On the CPU reading the loss is a memory load, not a device sync, and cheaper than
-        # detaching it: the store keeps a float, and a report sums floats, not 50 tensors.
-        self.reads_loss = runner.device.type == "cpu"
         self.where = f"{type(self.module).__name__}.training_step"
         self.hooked = runner.hooks.after_train_iter.used  # something reads the losses
         self.uneven = False  # some rank has no batch for the epoch's last iteration
@@ -359,9 +356,6 @@ class TrainStep:
         pos.iteration_done(batch_idx + 1)
         if len(losses) > 1:
             return self.stored(losses)
-        if self.reads_loss:
-            self.put_loss(loss.item())
-            return {"loss": loss.detach()} if self.hooked else None
         loss = loss.detach()  # what the store keeps: a graph-free tensor, not read until a report
         self.put_loss(loss)
         return {"loss": loss} if self.hooked else None
