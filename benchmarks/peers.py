@@ -6,7 +6,7 @@ epoch, from its start event to its end event). Runs alternate between contenders
 medians are reported with their ratio to the hand-written loop. Contenders that are not
 installed are listed as skipped; `nox -s bench` installs MMEngine, Lightning and Ignite.
 
-    python benchmarks/peers.py [--iters 2000] [--repeats 5]
+    python benchmarks/peers.py [--iters 2000] [--repeats 15]
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def contenders(iters: int) -> dict[str, Callable[[], float]]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15)
     args, _ = parser.parse_known_args()
     torch.set_num_threads(1)
     os.environ["HOOKRUN_DISABLE_PLUGINS"] = "ema,precise_bn"
