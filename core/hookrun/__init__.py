@@ -49,6 +49,7 @@ _EXPORTS = {
     "epoch_label": "hookrun.engine.reporting",
     "metrics_line": "hookrun.engine.reporting",
     "write_line": "hookrun.engine.reporting",
+    "Pace": "hookrun.engine.reporting",
     "batch_size": "hookrun.engine.steps",
     "RunnerProtocol": "hookrun.hooks.protocol",
     "LoopPosition": "hookrun.engine.position",
@@ -96,6 +97,7 @@ if TYPE_CHECKING:
     from hookrun.distributed.fsdp import local_shard as local_shard
     from hookrun.engine.position import LoopPosition as LoopPosition
     from hookrun.engine.position import Phase as Phase
+    from hookrun.engine.reporting import Pace as Pace
     from hookrun.engine.reporting import epoch_label as epoch_label
     from hookrun.engine.reporting import metrics_line as metrics_line
     from hookrun.engine.reporting import report_line as report_line

@@ -22,8 +22,34 @@ from hookrun.engine.position import ValidationSchedule
 if TYPE_CHECKING:  # torch is imported on use: the logger imports the line functions
     from rich.console import Console
 
+    from hookrun.engine.clock import IterationClock
+
 #: Shown in their own places on a report line, not as ``name value`` pairs.
 OWN_PLACE = ("train/eta", "train/lr")
+
+
+class Pace:
+    """Iterations per second from one lap to the next, the training loop's validation passes
+    cut out: the core's report lines and the logger's lines measure their speed with it."""
+
+    def __init__(self, clock: IterationClock) -> None:
+        self.clock = clock
+        self.mark = (time.perf_counter(), 0, clock.val_seconds)
+        """``(perf_counter, completed iterations, the clock's validation seconds)`` at the
+        last lap."""
+
+    def start(self, done: int) -> None:
+        """Begin timing at ``done`` completed iterations (when training starts)."""
+        self.mark = (time.perf_counter(), done, self.clock.val_seconds)
+
+    def lap(self, done: int) -> tuple[float, float]:
+        """``(iterations per second, seconds trained)`` since the previous lap, at ``done``
+        completed iterations; the next lap starts here."""
+        now, validating = time.perf_counter(), self.clock.val_seconds
+        then, then_done, then_validating = self.mark
+        self.mark = (now, done, validating)
+        seconds = max(now - then - (validating - then_validating), 0.0)
+        return ((done - then_done) / seconds if seconds > 0 else 0.0), seconds
 
 
 class Reporter:
@@ -33,8 +59,7 @@ class Reporter:
         self.runner = runner
         self.interval = interval
         self.lrs: dict[str, list[float]] = {}  # the rates the reported iteration trained with
-        # (clock, completed iterations, the clock's validation seconds) at the previous report
-        self.mark = (0.0, 0, 0.0)
+        self.laps = Pace(runner.clock)  # the speed between reports
         # the run's last iteration, fixed when training starts (None in an epoch run over a
         # stream until its first epoch ended: no ETA until then)
         self.last: int | None = 0
@@ -46,7 +71,7 @@ class Reporter:
 
     def start(self, done: int) -> None:
         runner = self.runner
-        self.mark = (time.perf_counter(), done, runner.clock.val_seconds)
+        self.laps.start(done)
         self.last = runner.max_iters
         if runner.world_size > 1 and self.group is None:
             import torch.distributed as dist
@@ -105,16 +130,13 @@ class Reporter:
         seconds left: the remaining iterations at that pace plus the remaining validations
         at their measured mean (None while the run's length is unknown)."""
         clock = self.runner.clock
-        now, validating = time.perf_counter(), clock.val_seconds
-        then, then_done, then_validating = self.mark
-        self.mark = (now, done, validating)
-        seconds = max(now - then - (validating - then_validating), 0.0)
-        rate = (done - then_done) / seconds if seconds > 0 else 0.0
+        then_done = self.laps.mark[1]
+        rate, seconds = self.laps.lap(done)
         if done <= then_done or self.last is None:
             return rate, None
         eta = (self.last - done) * seconds / (done - then_done)
         if clock.val_passes:
-            mean = validating / clock.val_passes
+            mean = clock.val_seconds / clock.val_passes
             eta += remaining_validations(self.runner, done) * mean
         return rate, eta
 

@@ -240,8 +240,8 @@ class Runner:
             self.scaler,
             grad_accum_normalize,
         )
-        self.reporter = Reporter(self, log_interval)
         self.clock = IterationClock()
+        self.reporter = Reporter(self, log_interval)  # its pace reads the clock
         self._depth = 0
 
     def _wrap_loaders(self, train: Any, val: Any, test: Any) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from hookrun import (
     ConfigError,
+    Pace,
     Plugin,
     PluginSettings,
     Priority,
@@ -84,8 +85,7 @@ class Logger(Plugin[LoggerSettings]):
         self.every = 1  # console lines every `every` iterations
         self.view: ProgressView | None = None
         self.live: Live | None = None
-        self.rate = 0.0  # iterations per second between the last two lines
-        self._mark = (0.0, 0)  # (clock, iteration) at the last line
+        self.pace: Pace | None = None  # the speed between lines (training)
         self._eval: list[Any] | None = None  # [mode, batches done, total, clock] during val/test
 
     @hookimpl
@@ -112,20 +112,18 @@ class Logger(Plugin[LoggerSettings]):
 
     @hookimpl
     def before_train(self, runner: RunnerProtocol) -> None:
-        self._mark = (time.perf_counter(), runner.iter)
+        self.pace = Pace(runner.clock)
+        self.pace.start(runner.iter)
         if self.view is not None:
             self.view.start_training()
 
     @hookimpl
     def after_report(self, runner: RunnerProtocol, scalars: dict[str, float], step: int) -> None:
-        now = time.perf_counter()
         if self.view is not None:
-            self.view.new_values(scalars, now)
+            self.view.new_values(scalars, time.perf_counter())
         elif self.display == "lines" and (step % self.every == 0 or step == runner.max_iters):
-            then, then_iter = self._mark
-            self.rate = (step - then_iter) / (now - then) if now > then else 0.0
-            self._mark = (now, step)
-            write_line(runner.console, report_line(runner, step, scalars, self.rate))
+            rate = self.pace.lap(step)[0] if self.pace is not None else 0.0
+            write_line(runner.console, report_line(runner, step, scalars, rate))
 
     @hookimpl
     def before_val_epoch(self, runner: RunnerProtocol) -> None:

@@ -58,6 +58,30 @@ def test_lines_show_the_reported_eta(make_runner):
     assert etas == [(str(s), format_duration(reported[s])) for s in (10, 20, 30, 40, 50)]
 
 
+@pytest.mark.timing
+def test_the_speed_on_a_line_leaves_validation_out(make_runner):
+    """The line after a validation shows the training speed, as the core's own line does:
+    the validation (4 batches of 40 ms, at iteration 25) between the lines at 20 and 30 does
+    not count as training time (it would cut that line's speed about tenfold)."""
+
+    class Sleeps:
+        @hookimpl
+        def after_train_iter(self):
+            time.sleep(0.002)
+
+        @hookimpl
+        def after_val_iter(self):
+            time.sleep(0.040)
+
+    runner = make_runner({"interval": 10, "progress": "lines"}, hooks=[Sleeps()])
+    runner.console = console(terminal=False)
+    runner.train()
+    speeds = dict(re.findall(r"iter (\d+)/50 .*  (\S+) it/s", output(runner)))
+    assert sorted(speeds, key=int) == ["10", "20", "30", "40", "50"]
+    others = [float(speeds[step]) for step in ("10", "20", "40")]
+    assert float(speeds["30"]) > 0.5 * min(others), speeds
+
+
 def test_interval_must_be_a_multiple_of_the_log_interval(make_runner):
     runner = make_runner({"interval": 15})
     with pytest.raises(ConfigError, match=r"plugins.logger.interval: 15 is not a multiple"):
