@@ -262,3 +262,39 @@ def test_a_longer_run_resumed_mid_epoch_with_accumulation(tmp_path, capsys):
     assert sorted(logged) == list(range(8, 21))
     assert logged == pytest.approx({i: planned[i] for i in logged}, rel=1e-6)
     assert logged[20] == pytest.approx(min(planned.values()), rel=1e-6)
+
+
+ONE_CYCLE = """
+task: toytask.py:build
+task_args: {optimizer: false}
+runner: {max_epochs: 3, device: cpu, writers: [jsonl], log_interval: 1, seed: 0}
+optimizer: {type: SGD, lr: 0.01, momentum: 0.9}
+scheduler:
+  main: {type: OneCycleLR, max_lr: 0.1, total_steps: auto}
+  interval: iter
+plugins: {checkpoint: {interval: 1}, logger: false, timer: false}
+"""
+
+
+def test_a_changed_one_cycle_peak_is_this_runs_on_resume(tmp_path, capsys):
+    """``OneCycleLR`` keeps its peak and floor in the optimizer's parameter groups, which a
+    checkpoint restores: resumed with ``max_lr: 0.3`` (and a longer run), every iteration
+    after the resume logs the rate ``hookrun schedule`` gives for the changed config, not a
+    schedule built on the checkpoint's ``max_lr: 0.1``."""
+    config = write_toy_task(tmp_path, ONE_CYCLE)
+    work = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", config, "--work-dir", work)
+    assert code == 0, err
+    changed = ["--set", "scheduler.main.max_lr=0.3", "--set", "runner.max_epochs=5"]
+    code, out, err = run_cli(
+        capsys, "train", config, "--work-dir", work, "--resume", "auto", *changed
+    )
+    assert code == 0, err
+    assert "continues at step 12 of this run's schedule" in out + err
+    code, out, err = run_cli(capsys, "schedule", config, *changed, "--json")
+    planned = {row["iter"]: row["lr"][0] for row in json.loads(out)}
+    logged = dict(jsonl_series(work / "log.jsonl", "train/lr"))
+    after = {step: lr for step, lr in logged.items() if step > 12}
+    assert sorted(after) == list(range(13, 21))
+    assert after == pytest.approx({step: planned[step] for step in after}, rel=1e-6)
+    assert max(planned.values()) == pytest.approx(0.3, rel=1e-6)

@@ -19,7 +19,7 @@ from typing import Any
 from hookrun.checkpoint import files as ckpt_io
 from hookrun.checkpoint.checkpointable import Checkpointable
 from hookrun.checkpoint.fit import disagreement, fit_problems, non_finite, summary
-from hookrun.config.schedule import continue_schedule
+from hookrun.config.schedule import continue_schedule, scheduler_entries
 from hookrun.data.sharding import padding_note
 from hookrun.data.streams import StatefulLoader
 from hookrun.distributed import collectives, process_group
@@ -89,6 +89,9 @@ def restore(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool) ->
     state given back a copy of what they held before (as far as their ``load_state_dict``
     takes it: the EMA plugin, before it has seen the model, keeps what it was last given).
     """
+    # what the schedulers keep in the param groups as this run built them: loading the
+    # optimizers brings the checkpoint's, which a schedule that differs must not use
+    built = {name: scheduler_entries(opt) for name, opt in runner.optimizers.items()}
     if resume:
         plugins = checkpoint.get("plugins", {})
         if "sharded" in checkpoint:  # the tensors the folder holds for plugins, read in
@@ -117,7 +120,7 @@ def restore(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool) ->
     _resume_loader(runner, checkpoint.get("loader"))
     runner.recount_position()
     for name, saved in checkpoint.get("schedulers", {}).items():
-        if line := continue_schedule(runner, name, saved):
+        if line := continue_schedule(runner, name, saved, built.get(name, [])):
             runner.info(line)  # a longer run is a longer schedule
 
 

@@ -151,14 +151,24 @@ PROGRESS = frozenset(
 )
 
 
-def continue_schedule(runner: Any, name: str, saved: Mapping[str, Any]) -> str | None:
+def scheduler_entries(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each param group's entries that are not the optimizer's own hyper-parameters: what
+    its schedulers keep there (``initial_lr``; ``OneCycleLR``'s ``max_lr`` and ``min_lr``)."""
+    own = {"params", *optimizer.defaults}
+    return [{k: v for k, v in group.items() if k not in own} for group in optimizer.param_groups]
+
+
+def continue_schedule(
+    runner: Any, name: str, saved: Mapping[str, Any], built: list[dict[str, Any]]
+) -> str | None:
     """Continue ``saved`` (a checkpoint's state of the scheduler ``name``) with the one this
     run built and has not stepped, once the run's position is restored. The same schedule
     is loaded as saved (exact). A schedule that differs (``auto`` lengths, warm-up or total
     steps recomputed for another ``max_epochs``/``max_iters`` or number of ranks, or values
     changed in the config) is this run's, stepped from its start to the run's position, so
-    each later iteration's learning rate is the one ``hookrun schedule`` gives for it.
-    Returns the line that says so then."""
+    each later iteration's learning rate is the one ``hookrun schedule`` gives for it; its
+    entries in the param groups are this run's (``built``, by :func:`scheduler_entries`
+    before the checkpoint's optimizer state was loaded). Returns the line that says so then."""
     import torch
 
     scheduler = runner.schedulers.get(name)
@@ -169,8 +179,11 @@ def continue_schedule(runner: Any, name: str, saved: Mapping[str, Any]) -> str |
         scheduler.load_state_dict(saved)
         return None
     steps = steps_taken(runner, name)
-    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
-        group["lr"] = lr  # the optimizer's state brought the saved schedule's rate
+    groups = scheduler.optimizer.param_groups
+    for group, entries in zip(groups, built, strict=False):
+        group.update(entries)  # the optimizer's state brought the saved schedule's
+    for group, lr in zip(groups, scheduler.get_last_lr(), strict=True):
+        group["lr"] = lr
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "step() before optimizer.step()": none is due
