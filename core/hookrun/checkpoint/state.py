@@ -91,7 +91,7 @@ def restore(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool) ->
     """
     # what the schedulers keep in the param groups as this run built them: loading the
     # optimizers brings the checkpoint's, which a schedule that differs must not use
-    built = {name: scheduler_entries(opt) for name, opt in runner.optimizers.items()}
+    built = {name: scheduler_entries(o) for name, o in runner.optimizers.items()} if resume else {}
     if resume:
         plugins = checkpoint.get("plugins", {})
         if "sharded" in checkpoint:  # the tensors the folder holds for plugins, read in

@@ -34,22 +34,22 @@ class Pace:
 
     def __init__(self, clock: IterationClock) -> None:
         self.clock = clock
-        self.mark = (time.perf_counter(), 0, clock.val_seconds)
-        """``(perf_counter, completed iterations, the clock's validation seconds)`` at the
-        last lap."""
+        # (perf_counter, completed iterations, the clock's validation seconds) at the last lap
+        self._mark = (time.perf_counter(), 0, clock.val_seconds)
 
     def start(self, done: int) -> None:
         """Begin timing at ``done`` completed iterations (when training starts)."""
-        self.mark = (time.perf_counter(), done, self.clock.val_seconds)
+        self._mark = (time.perf_counter(), done, self.clock.val_seconds)
 
-    def lap(self, done: int) -> tuple[float, float]:
-        """``(iterations per second, seconds trained)`` since the previous lap, at ``done``
-        completed iterations; the next lap starts here."""
+    def lap(self, done: int) -> tuple[float, int, float]:
+        """``(iterations per second, iterations, seconds trained)`` since the previous lap,
+        at ``done`` completed iterations; the next lap starts here."""
         now, validating = time.perf_counter(), self.clock.val_seconds
-        then, then_done, then_validating = self.mark
-        self.mark = (now, done, validating)
+        then, then_done, then_validating = self._mark
+        self._mark = (now, done, validating)
         seconds = max(now - then - (validating - then_validating), 0.0)
-        return ((done - then_done) / seconds if seconds > 0 else 0.0), seconds
+        iterations = done - then_done
+        return (iterations / seconds if seconds > 0 else 0.0), iterations, seconds
 
 
 class Reporter:
@@ -130,11 +130,10 @@ class Reporter:
         seconds left: the remaining iterations at that pace plus the remaining validations
         at their measured mean (None while the run's length is unknown)."""
         clock = self.runner.clock
-        then_done = self.laps.mark[1]
-        rate, seconds = self.laps.lap(done)
-        if done <= then_done or self.last is None:
+        rate, iterations, seconds = self.laps.lap(done)
+        if iterations <= 0 or self.last is None:
             return rate, None
-        eta = (self.last - done) * seconds / (done - then_done)
+        eta = (self.last - done) * seconds / iterations
         if clock.val_passes:
             mean = clock.val_seconds / clock.val_passes
             eta += remaining_validations(self.runner, done) * mean
