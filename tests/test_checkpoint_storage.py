@@ -194,12 +194,13 @@ def test_an_unreachable_endpoint_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_missing_bucket_is_one_line_and_exit_2(capsys, moto_s3, tmp_path):
+@pytest.mark.parametrize("resume", [[], ["--resume", "auto"]], ids=["fresh", "resume-auto"])
+def test_a_missing_bucket_is_one_line_and_exit_2(capsys, moto_s3, tmp_path, resume):
     fs = s3_filesystem()
     before = fs.ls("")
     work_dir = tmp_path / "run"
     config_path = config(tmp_path, "s3://no-such-bucket/run")
-    code, out, err = run_cli(capsys, "train", config_path, "--work-dir", work_dir)
+    code, out, err = run_cli(capsys, "train", config_path, "--work-dir", work_dir, *resume)
     assert code == 2
     assert err.strip().splitlines() == [
         "s3://no-such-bucket/run: the bucket 'no-such-bucket' does not exist"
