@@ -33,8 +33,8 @@ os.environ.setdefault("HOOKRUN_PLUGINS_AUTOLOAD", "0")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from hookrun import URL  # noqa: E402
 from hookrun.checkpoint import files  # noqa: E402
-from hookrun.engine.workdir import URL  # noqa: E402
 
 PARAMS = 8_000_000
 REPEATS = 5

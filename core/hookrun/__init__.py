@@ -61,9 +61,9 @@ _EXPORTS = {
     "already_sharded": "hookrun.data.sharding",
     "checkpoint_state_file": "hookrun.checkpoint.files",
     "remove_checkpoint": "hookrun.checkpoint.files",
-    "URL": "hookrun.engine.workdir",
-    "location": "hookrun.engine.workdir",
-    "url_problem": "hookrun.engine.workdir",
+    "URL": "hookrun.checkpoint.storage",
+    "location": "hookrun.checkpoint.storage",
+    "url_problem": "hookrun.checkpoint.storage",
     "SwapStack": "hookrun.engine.swaps",
     "swap_stack": "hookrun.engine.swaps",
 }
@@ -74,6 +74,9 @@ if TYPE_CHECKING:
     from hookrun.checkpoint.files import atomic_write_text as atomic_write_text
     from hookrun.checkpoint.files import checkpoint_state_file as checkpoint_state_file
     from hookrun.checkpoint.files import remove_checkpoint as remove_checkpoint
+    from hookrun.checkpoint.storage import URL as URL
+    from hookrun.checkpoint.storage import location as location
+    from hookrun.checkpoint.storage import url_problem as url_problem
     from hookrun.cli.numbers import format_duration as format_duration
     from hookrun.cli.numbers import format_number as format_number
     from hookrun.cli.numbers import format_scalar as format_scalar
@@ -107,9 +110,6 @@ if TYPE_CHECKING:
     from hookrun.engine.steps import batch_size as batch_size
     from hookrun.engine.swaps import SwapStack as SwapStack
     from hookrun.engine.swaps import swap_stack as swap_stack
-    from hookrun.engine.workdir import URL as URL
-    from hookrun.engine.workdir import location as location
-    from hookrun.engine.workdir import url_problem as url_problem
     from hookrun.errors import CheckpointError as CheckpointError
     from hookrun.errors import CheckpointMismatchError as CheckpointMismatchError
     from hookrun.errors import ConfigError as ConfigError

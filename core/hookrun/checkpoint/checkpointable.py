@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from torch import nn
 
+    from hookrun.checkpoint.storage import URL
     from hookrun.engine.position import LoopPosition, ValidationSchedule
-    from hookrun.engine.workdir import URL
 
 
 class Checkpointable(Protocol):

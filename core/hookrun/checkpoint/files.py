@@ -3,7 +3,7 @@
 Every value is something ``torch.load(path, weights_only=True)`` accepts, so loading never
 needs (and never falls back to) unpickling arbitrary objects.
 
-A checkpoint location is a local ``Path`` or a :class:`~hookrun.engine.workdir.URL` of an
+A checkpoint location is a local ``Path`` or a :class:`~hookrun.checkpoint.storage.URL` of an
 fsspec file system (``s3://``, ``gs://``, ``memory://``). Local files keep the atomic write
 (temporary file, fsync, rename); an object is uploaded whole under its final name in one
 request, which an object store shows only once complete: there is no rename to make it so.
@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from hookrun.engine.workdir import URL, file_kind, location, open_regular, record_created
+from hookrun.checkpoint.storage import URL, location
+from hookrun.engine.workdir import file_kind, open_regular, record_created
 from hookrun.errors import CheckpointError, CheckpointMismatchError
 
 FORMAT = "hookrun/1"

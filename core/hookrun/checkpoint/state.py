@@ -19,6 +19,7 @@ from typing import Any
 from hookrun.checkpoint import files as ckpt_io
 from hookrun.checkpoint.checkpointable import Checkpointable
 from hookrun.checkpoint.fit import disagreement, fit_problems, non_finite, summary
+from hookrun.checkpoint.storage import URL, location
 from hookrun.config.schedule import continue_schedule, scheduler_entries
 from hookrun.data.sharding import padding_note
 from hookrun.data.streams import StatefulLoader
@@ -27,7 +28,6 @@ from hookrun.engine import workdir
 from hookrun.engine.compiled import ORIG_MOD, plain_names
 from hookrun.engine.optimizer_step import SINGLE
 from hookrun.engine.position import LoopPosition, Phase
-from hookrun.engine.workdir import URL, location
 from hookrun.errors import CheckpointError, CheckpointMismatchError, ConfigError, HookrunError
 from hookrun.writers import restore_writer_states, writer_states
 

@@ -31,7 +31,7 @@ from hookrun.distributed.cluster import rank_prefix
 from hookrun.errors import CheckpointError, HookrunError
 
 if TYPE_CHECKING:
-    from hookrun.engine.workdir import URL
+    from hookrun.checkpoint.storage import URL
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_SIGINT, EXIT_CLOSED_PIPE = 130, 141  # 128 + the signal's number

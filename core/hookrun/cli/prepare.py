@@ -27,9 +27,9 @@ def load_everywhere(
     any rank (a path missing on one node) ends every rank with its own ``[rank N]`` line,
     instead of leaving the others waiting for the group.
     """
+    from hookrun.checkpoint.storage import location
     from hookrun.config import file as cfg
     from hookrun.distributed.cluster import env_world_size
-    from hookrun.engine.workdir import location
 
     error: HookrunError | None = None
     loaded = None

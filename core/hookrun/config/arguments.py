@@ -318,7 +318,7 @@ class RunnerArguments(BaseModel):
         path (YAML and the API do not expand it as a shell does)."""
         if not value.strip():
             raise ValueError("give a folder")
-        from hookrun.engine.workdir import url_work_dir_problem
+        from hookrun.checkpoint.storage import url_work_dir_problem
 
         problem = url_work_dir_problem(value) or path_problem(value)
         if problem is None:

@@ -19,6 +19,7 @@ from torch import nn
 
 from hookrun.checkpoint import files as ckpt_io
 from hookrun.checkpoint import state as run_state
+from hookrun.checkpoint.storage import URL, location
 from hookrun.config.arguments import check_arguments, device_feature_errors, resolve_device
 from hookrun.data.limits import limited
 from hookrun.data.loaders import make_loader, seed_all
@@ -36,7 +37,6 @@ from hookrun.engine.scalars import ScalarStore
 from hookrun.engine.steps import is_manual, to_device
 from hookrun.engine.stop_signals import DEFAULT_STOP_SIGNALS, StopSignals
 from hookrun.engine.train_loop import TrainLoop
-from hookrun.engine.workdir import URL
 from hookrun.errors import CheckpointError, ConfigError
 from hookrun.hooks.manager import PluginManager
 from hookrun.hooks.stats import HookStats
@@ -505,12 +505,12 @@ class Runner:
         """Write a collected state atomically to ``path`` (this process only; values are
         checked to load with ``weights_only=True``); with :attr:`sharded_checkpoints` a
         folder, and every rank calls this."""
-        return run_state.write(self, state, workdir.location(path))
+        return run_state.write(self, state, location(path))
 
     def save_checkpoint(self, path: str | Path | URL, save_optimizer: bool = True) -> Path | URL:
         """Write a checkpoint atomically (rank 0 writes, every rank waits for it; under FSDP
         every rank writes its shards)."""
-        path = workdir.location(path)
+        path = location(path)
         state = self.checkpoint_state(save_optimizer)
         if self.sharded_checkpoints:
             return run_state.write(self, state, path)
@@ -533,7 +533,7 @@ class Runner:
 
     def load_checkpoint(self, path: str | Path | URL, resume: bool = True) -> dict[str, Any]:
         """Load weights (``resume=False``) or the whole training state (``resume=True``)."""
-        return run_state.load_into(self, workdir.location(path), resume)
+        return run_state.load_into(self, location(path), resume)
 
     # -- loops ---------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import pluggy
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from hookrun.engine.workdir import URL
+    from hookrun.checkpoint.storage import URL
     from hookrun.hooks.protocol import RunnerProtocol
 
 hookimpl = pluggy.HookimplMarker("hookrun")

@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     from rich.console import Console
     from torch import nn
 
+    from hookrun.checkpoint.storage import URL
     from hookrun.engine.clock import IterationClock
     from hookrun.engine.position import LoopPosition, ValidationSchedule
     from hookrun.engine.scalars import ScalarStore
-    from hookrun.engine.workdir import URL
     from hookrun.hooks.stats import HookStats
     from hookrun.writers import Writer
 
