@@ -6,7 +6,10 @@ case once (in a rotating order); ratios are medians over rounds of the ratio wit
 Budget (DESIGN §10): default plugins <= 1.03x the hand loop that calls .item() every 50
 iterations.
 
-    python benchmarks/overhead.py [--iters 2000] [--repeats 15]
+    python benchmarks/overhead.py [--iters 2000] [--repeats 15] [--parts]
+
+``--parts`` runs the default plugins' case against itself without each of its parts (the
+writers, the timer, the logger, the checkpoint plugin) instead.
 """
 
 from __future__ import annotations
@@ -169,18 +172,23 @@ def runner_loop(
     model: nn.Module | None = None,
     epochs: int = 1,
     marks: tuple[Callable[[], None], Callable[[], None]] = (nothing, nothing),
+    without: str = "",
 ) -> float:
     """The Runner with every installed plugin off and no writer (the core's report every 50
     iterations is the hand loop's .item()), or with the default plugins and writers:
     seconds per iteration of its last epoch. ``loaded=False``: no plugin distribution
     loaded at all (autoload off), against which "every installed plugin off" shows what
     installed-but-disabled plugins cost. ``model``: trained instead of a fresh
-    ``make_model()``; ``marks`` as the hand loop's."""
+    ``make_model()``; ``marks`` as the hand loop's. ``without``: one default plugin turned
+    off, or ``"writers"`` (``--parts``)."""
     from hookrun.hooks.discovery import installed_plugins
 
     model = model if model is not None else make_model()
     timing = Timing(marks)
     plugins = None if default_plugins else dict.fromkeys(installed_plugins(), False)
+    if default_plugins and without in PARTS[1:]:
+        plugins = {without: False}
+    writers = ("jsonl", "tensorboard") if default_plugins and without != "writers" else ()
     autoload = os.environ.get("HOOKRUN_PLUGINS_AUTOLOAD")
     if not loaded:
         plugins, os.environ["HOOKRUN_PLUGINS_AUTOLOAD"] = {}, "0"
@@ -195,7 +203,7 @@ def runner_loop(
                 work_dir=work_dir,
                 plugins=plugins,
                 hooks=[timing],
-                writers=("jsonl", "tensorboard") if default_plugins else (),
+                writers=writers,
                 log_interval=50,
             )
             runner.train()
@@ -295,15 +303,23 @@ def report(title: str, times: Rounds) -> None:
 NOT_LOADED = "hookrun, no plugin distribution loaded"
 LOGGING_ADD_SCALAR = "hand-written loop + logging (add_scalar)"
 LOGGING_ONE_EVENT = "hand-written loop + logging (one event)"
+PARTS = ("writers", "timer", "logger", "checkpoint")
+"""What ``--parts`` leaves out of the default run, one at a time."""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument(
+        "--parts", action="store_true", help="the default run without each of its parts in turn"
+    )
     args, _ = parser.parse_known_args()
     torch.set_num_threads(1)
     os.environ["HOOKRUN_DISABLE_PLUGINS"] = "ema,precise_bn"
+    if args.parts:
+        parts(args.iters, args.repeats)
+        return
     cases = {
         "hand-written loop": lambda: hand_loop(args.iters),
         "hookrun, no plugins": lambda: runner_loop(args.iters, False),
@@ -317,6 +333,26 @@ def main() -> None:
         f"1 thread, MLP {FEATURES}-{HIDDEN}-{CLASSES}, batch {BATCH}",
         measure(cases, args.repeats),
     )
+
+
+def parts(iters: int, repeats: int) -> None:
+    """Where the default plugins' cost goes: the default run against itself without the
+    writers, the timer, the logger or the checkpoint plugin, in the same rounds."""
+    defaults = "hookrun, default plugins"
+    cases = {
+        "hand-written loop": lambda: hand_loop(iters),
+        "hookrun, no plugins": lambda: runner_loop(iters, False),
+        defaults: lambda: runner_loop(iters, True),
+    }
+    for part in PARTS:
+        cases[f"default plugins without the {part}"] = lambda part=part: runner_loop(
+            iters, True, without=part
+        )
+    times = measure(cases, repeats)
+    report(f"torch {torch.__version__}, {iters} iterations x {repeats} rounds: --parts", times)
+    for part in PARTS:
+        share = paired(times, defaults, f"default plugins without the {part}") - 1
+        print(f"the {part}: {100 * share:+.1f} % of the default run (median of the rounds)")
 
 
 if __name__ == "__main__":
