@@ -208,15 +208,22 @@ class ProgressView:
         self.training = False
         self.values: dict[str, float] = {}
         self.read_at = 0.0
+        # (seconds trained, iteration) at the redraws where the iteration had moved on, about
+        # ten seconds of them, for the it/s figure: validation inside training is cut out
+        # (``runner.clock.val_seconds``), as from the report lines' speed (``Pace``)
         self.samples: deque[tuple[float, int]] = deque(
             maxlen=int(10 * logger.settings.refresh_per_second) + 2
-        )  # about ten seconds of (clock, iteration) for the it/s figure
+        )
 
     def start_training(self) -> None:
         self.training = True
         self.values = {}
         self.samples.clear()
-        self.samples.append((time.perf_counter(), self.runner.iter))
+        self.samples.append((self._trained(time.perf_counter()), self.runner.iter))
+
+    def _trained(self, now: float) -> float:
+        """Seconds on the clock less the validations inside training so far."""
+        return now - self.runner.clock.val_seconds
 
     def new_values(self, values: dict[str, float], now: float) -> None:
         self.values, self.read_at = values, now
@@ -233,9 +240,10 @@ class ProgressView:
     def _train_row(self) -> Table:
         runner, now = self.runner, time.perf_counter()
         done, total = runner.iter, runner.max_iters
-        self.samples.append((now, done))
-        first_t, first_i = self.samples[0]
-        rate = (done - first_i) / (now - first_t) if now > first_t else 0.0
+        if done != self.samples[-1][1]:  # still during a validation: the speed before it
+            self.samples.append((self._trained(now), done))
+        (first_t, first_i), (last_t, last_i) = self.samples[0], self.samples[-1]
+        rate = (last_i - first_i) / (last_t - first_t) if last_t > first_t else 0.0
         eta = self.values.get("train/eta")
         if eta is not None:
             eta = max(0.0, eta - (now - self.read_at))

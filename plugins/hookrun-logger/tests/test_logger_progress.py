@@ -153,6 +153,30 @@ def test_bar_on_a_terminal_is_redrawn_by_time_not_by_iteration(make_runner):
     assert not LINE.search(text)  # no per-interval lines under a bar
 
 
+@pytest.mark.timing
+def test_the_bar_speed_leaves_validation_out(make_runner):
+    """The bar's it/s is the training speed, as on the lines: the two validations (4 batches
+    of 50 ms each, at iterations 25 and 50) do not count as training time. With 4 ms
+    iterations the last frame shows 160-190 it/s here (checkpoints and hooks count), 76 with
+    the validations counted in."""
+
+    class Sleeps:
+        @hookimpl
+        def after_train_iter(self):
+            time.sleep(0.004)
+
+        @hookimpl
+        def after_val_iter(self):
+            time.sleep(0.050)
+
+    runner = make_runner({"interval": 10, "refresh_per_second": 20}, hooks=[Sleeps()])
+    runner.console = console(terminal=True)  # progress: auto -> bar
+    runner.train()
+    final = output(runner).rsplit("epoch 2/2", 1)[1]
+    speed = float(re.search(r" 50/50 .* ([\d.]+) it/s ETA", final).group(1))
+    assert speed > 120, final
+
+
 def test_bar_shows_validation_rows_when_asked(make_runner):
     seen = []
 
