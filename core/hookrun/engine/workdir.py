@@ -23,7 +23,8 @@
   nothing (:func:`hookrun.checkpoint.state.finished_position`).
 
 The checkpoint files themselves are judged on the checkpoint side (:mod:`hookrun.checkpoint.state`),
-which uses this module, never the other way round.
+which uses this module, never the other way round: this module takes only the checkpoint
+locations from there (:mod:`hookrun.checkpoint.storage`).
 """
 
 from __future__ import annotations
