@@ -186,7 +186,7 @@ def runner_loop(
     model = model if model is not None else make_model()
     timing = Timing(marks)
     plugins = None if default_plugins else dict.fromkeys(installed_plugins(), False)
-    if default_plugins and without in PARTS[1:]:
+    if default_plugins and without and without != "writers":
         plugins = {without: False}
     writers = ("jsonl", "tensorboard") if default_plugins and without != "writers" else ()
     autoload = os.environ.get("HOOKRUN_PLUGINS_AUTOLOAD")

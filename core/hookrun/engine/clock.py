@@ -12,6 +12,7 @@ after the previous iteration's hooks.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 
@@ -41,6 +42,12 @@ class IterationClock:
         self.interval = (0, 0.0)  # (iterations, data seconds) since the last take_data_time
         self.slowest_data_time = None
         self.val_passes, self.val_seconds = 0, 0.0  # validation passes inside training
+
+    def training_time(self) -> float:
+        """``perf_counter`` less the validation passes inside training so far: the difference
+        of two readings is the seconds trained between them (one taken during a validation
+        counts it until it ends)."""
+        return time.perf_counter() - self.val_seconds
 
     def validated(self, seconds: float) -> None:
         """A validation pass of the training loop took ``seconds`` (cut out of the periods)."""

@@ -11,7 +11,6 @@ torch.distributed a report point is also where the ranks meet, in one small all-
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -34,20 +33,20 @@ class Pace:
 
     def __init__(self, clock: IterationClock) -> None:
         self.clock = clock
-        # (perf_counter, completed iterations, the clock's validation seconds) at the last lap
-        self._mark = (time.perf_counter(), 0, clock.val_seconds)
+        # (the clock's training time, completed iterations) at the last lap
+        self._mark = (clock.training_time(), 0)
 
     def start(self, done: int) -> None:
         """Begin timing at ``done`` completed iterations (when training starts)."""
-        self._mark = (time.perf_counter(), done, self.clock.val_seconds)
+        self._mark = (self.clock.training_time(), done)
 
     def lap(self, done: int) -> tuple[float, int, float]:
         """``(iterations per second, iterations, seconds trained)`` since the previous lap,
         at ``done`` completed iterations; the next lap starts here."""
-        now, validating = time.perf_counter(), self.clock.val_seconds
-        then, then_done, then_validating = self._mark
-        self._mark = (now, done, validating)
-        seconds = max(now - then - (validating - then_validating), 0.0)
+        now = self.clock.training_time()
+        then, then_done = self._mark
+        self._mark = (now, done)
+        seconds = max(now - then, 0.0)
         iterations = done - then_done
         return (iterations / seconds if seconds > 0 else 0.0), iterations, seconds
 

@@ -208,9 +208,9 @@ class ProgressView:
         self.training = False
         self.values: dict[str, float] = {}
         self.read_at = 0.0
-        # (seconds trained, iteration) at the redraws where the iteration had moved on, about
-        # ten seconds of them, for the it/s figure: validation inside training is cut out
-        # (``runner.clock.val_seconds``), as from the report lines' speed (``Pace``)
+        # (the clock's training time, iteration) at the redraws where the iteration had moved
+        # on, about ten seconds of them, for the it/s figure: validation inside training is
+        # cut out (``runner.clock.training_time``), as from the report lines' speed (``Pace``)
         self.samples: deque[tuple[float, int]] = deque(
             maxlen=int(10 * logger.settings.refresh_per_second) + 2
         )
@@ -219,11 +219,7 @@ class ProgressView:
         self.training = True
         self.values = {}
         self.samples.clear()
-        self.samples.append((self._trained(time.perf_counter()), self.runner.iter))
-
-    def _trained(self, now: float) -> float:
-        """Seconds on the clock less the validations inside training so far."""
-        return now - self.runner.clock.val_seconds
+        self.samples.append((self.runner.clock.training_time(), self.runner.iter))
 
     def new_values(self, values: dict[str, float], now: float) -> None:
         self.values, self.read_at = values, now
@@ -241,7 +237,7 @@ class ProgressView:
         runner, now = self.runner, time.perf_counter()
         done, total = runner.iter, runner.max_iters
         if done != self.samples[-1][1]:  # still during a validation: the speed before it
-            self.samples.append((self._trained(now), done))
+            self.samples.append((runner.clock.training_time(), done))
         (first_t, first_i), (last_t, last_i) = self.samples[0], self.samples[-1]
         rate = (last_i - first_i) / (last_t - first_t) if last_t > first_t else 0.0
         eta = self.values.get("train/eta")
