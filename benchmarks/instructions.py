@@ -10,7 +10,11 @@ the difference between the two runs is 400 iterations' worth, start-up and teard
 cancelled. Cache misses are not counted: a report's cold code costs more time than its
 instructions say.
 
-    python benchmarks/instructions.py
+    python benchmarks/instructions.py [--heap]
+
+``--heap`` counts the hand loop instead with each loss detached and dropped, and with the
+last 50 or 150 detached losses kept (as the Runner's scalar store keeps them until and after
+a report): what one-number tensors kept alive cost the allocator (docs/benchmarks.md).
 
 Needs valgrind with its headers and a C compiler; says so and exits 0 without them.
 """
@@ -31,6 +35,11 @@ void stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
 """
 SHORT, LONG, EPOCHS = 100, 300, 2
 CASES = ("hand-written loop", "hookrun, no plugins", "hookrun, default plugins")
+HEAP_CASES = {  # --heap: hand loops keeping this many detached losses (0: each dropped)
+    "hand loop, each loss detached": 0,
+    "hand loop, 50 detached losses kept": 50,
+    "hand loop, 150 detached losses kept": 150,
+}
 
 
 def probe(case: str, iters: int, shim: str) -> None:
@@ -44,8 +53,40 @@ def probe(case: str, iters: int, shim: str) -> None:
     marks = (counter.start, counter.stop)
     if case == CASES[0]:
         hand_loop(iters, epochs=EPOCHS, marks=marks)
+    elif case in HEAP_CASES:
+        kept_losses_loop(iters, HEAP_CASES[case], marks)
     else:
         runner_loop(iters, case == CASES[2], epochs=EPOCHS, marks=marks)
+
+
+def kept_losses_loop(iters: int, keep: int, marks: tuple) -> None:
+    """The hand loop detaching every loss and keeping the last ``keep`` of them, the 50 of an
+    interval averaged at each report (``keep=0``: each detached loss dropped at once)."""
+    from collections import deque
+
+    import torch
+    from overhead import make_data, make_model
+    from torch import nn
+
+    model, loader = make_model(), make_data(iters)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    criterion = nn.CrossEntropyLoss()
+    kept: deque = deque(maxlen=max(keep, 1))
+    for _ in range(EPOCHS):
+        marks[0]()
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            kept.append(loss.detach())
+            if not keep:
+                kept.clear()
+            if (i + 1) % 50 == 0 and keep:
+                torch.stack(list(kept)[-50:]).mean().item()
+            elif (i + 1) % 50 == 0:
+                loss.item()
+        marks[1]()
 
 
 def counted(case: str, iters: int, shim: str, out: Path) -> int:
@@ -78,18 +119,19 @@ def main() -> None:
         source, shim = Path(tmp) / "shim.c", Path(tmp) / "shim.so"
         source.write_text(SHIM)
         subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", shim, source], check=True)
+        cases = (CASES[0], *HEAP_CASES) if "--heap" in sys.argv else CASES
         per_iter = {}
-        for case in CASES:
+        for case in cases:
             short, long = (
                 counted(case, n, str(shim), Path(tmp) / f"out.{n}") for n in (SHORT, LONG)
             )
             per_iter[case] = (long - short) / (EPOCHS * (LONG - SHORT))
     hand = per_iter[CASES[0]]
     print("instructions per iteration (callgrind), MLP 64-128-10, batch 32, one thread")
-    print(f"{'case':30s} {'instructions':>13s} {'over the hand loop':>20s}")
+    print(f"{'case':36s} {'instructions':>13s} {'over the hand loop':>20s}")
     for case, count in per_iter.items():
         extra = count - hand
-        print(f"{case:30s} {count:13,.0f} {extra:+13,.0f} ({extra / hand:+.2%})")
+        print(f"{case:36s} {count:13,.0f} {extra:+13,.0f} ({extra / hand:+.2%})")
 
 
 if __name__ == "__main__":
