@@ -1,0 +1,77 @@
+"""What the commands share: the group class that lists whole first paragraphs, the common
+arguments and options, the path checks made before any work, and the ``[hookrun]`` notice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hookrun.cli.console import echo
+from hookrun.errors import HookrunError
+
+
+class CommandGroup(click.Group):
+    """Lists each command with its whole first paragraph, not click's 45-character cut."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [
+            (name, " ".join((cmd.help or "").strip().split("\n\n")[0].split()))
+            for name in self.list_commands(ctx)
+            if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def path_name(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A path argument or option whose name no file system takes (a name over 255 bytes, a
+    NUL byte) is one line, exit 2, before anything is read or created."""
+    from hookrun.config.arguments import path_problem
+
+    problem = None if value is None or value == "auto" else path_problem(str(value))
+    if problem:
+        name = param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
+        raise HookrunError(f"{name}: {problem} (got {str(value)!r})")
+    return value
+
+
+config_argument = click.argument(
+    "config", type=click.Path(dir_okay=False, path_type=Path), callback=path_name
+)
+set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config value (dotted key, YAML value); repeatable: --set runner.seed=1",
+)
+work_dir_option = click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Run folder (overrides runner.work_dir); relative to the current directory.",
+)
+
+
+checkpoint_option = click.option(
+    "--checkpoint",
+    metavar="PATH",
+    callback=path_name,
+    help="Checkpoint file to evaluate (default: the run's latest checkpoint in the work dir).",
+)
+
+
+def notice(message: str) -> None:
+    echo(f"[hookrun] {message}")
+
+
+def check_place(where: str, path: str | Path, folder: bool) -> None:
+    """Refuse an output path hookrun cannot create or write (a file where a folder goes, a
+    folder where the file goes), before any work: :func:`hookrun.config.file.place_errors`."""
+    from hookrun.config.file import place_errors
+
+    errors = place_errors(where, path, folder)
+    if errors:
+        raise HookrunError(errors)
