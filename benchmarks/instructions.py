@@ -82,10 +82,11 @@ def kept_losses_loop(iters: int, keep: int, marks: tuple) -> None:
             kept.append(loss.detach())
             if not keep:
                 kept.clear()
-            if (i + 1) % 50 == 0 and keep:
-                torch.stack(list(kept)[-50:]).mean().item()
-            elif (i + 1) % 50 == 0:
-                loss.item()
+            if (i + 1) % 50 == 0:  # the report: the interval's mean, or the loss as by hand
+                if keep:
+                    torch.stack(list(kept)[-50:]).mean().item()
+                else:
+                    loss.item()
         marks[1]()
 
 

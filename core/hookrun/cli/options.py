@@ -53,8 +53,6 @@ work_dir_option = click.option(
     type=click.Path(file_okay=False, path_type=Path),
     help="Run folder (overrides runner.work_dir); relative to the current directory.",
 )
-
-
 checkpoint_option = click.option(
     "--checkpoint",
     metavar="PATH",
@@ -64,6 +62,7 @@ checkpoint_option = click.option(
 
 
 def notice(message: str) -> None:
+    """A progress line of the command's own (before a Runner exists to print it)."""
     echo(f"[hookrun] {message}")
 
 
