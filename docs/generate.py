@@ -145,7 +145,8 @@ def cli_output(args: list[str]) -> str:
 def config_table(name: str) -> str:
     """``runner``, ``optimizer``, ``scheduler`` or ``scheduler.warmup``, from their models."""
     from hookrun.config.file import RunnerConfig
-    from hookrun.config.optimizers import OptimizerConfig, SchedulerConfig, Warmup
+    from hookrun.config.optimizers import OptimizerConfig
+    from hookrun.config.schedulers import SchedulerConfig, Warmup
 
     models = {
         "runner": RunnerConfig,

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from hookrun.config import file as cfg
-from hookrun.config.optimizers import build_optimizer, build_scheduler, run_length
+from hookrun.config.optimizers import build_optimizer
 from hookrun.config.schedule import compute
+from hookrun.config.schedulers import build_scheduler, run_length
 from hookrun.errors import ConfigError
 from hookrun.testing import forked, isolated_env, jsonl_series, run_cli, write_toy_task
 

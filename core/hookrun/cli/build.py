@@ -17,12 +17,8 @@ if TYPE_CHECKING:
 def build_task(loaded: LoadedConfig, training: bool) -> dict[str, Any]:
     """Import and call the task (after seeding), check what it returned, and add the
     optimizer and scheduler the config declares. ``training``: an optimizer is required."""
-    from hookrun.config.optimizers import (
-        build_optimizers,
-        build_schedulers,
-        run_length,
-        schedule_interval,
-    )
+    from hookrun.config.optimizers import build_optimizers
+    from hookrun.config.schedulers import build_schedulers, run_length, schedule_interval
     from hookrun.data.loaders import seed_all
 
     data = loaded.data

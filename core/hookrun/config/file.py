@@ -18,13 +18,12 @@ from pydantic import ValidationError
 
 from hookrun.config.arguments import error_lines, path_problem
 from hookrun.config.model import Config, RunnerConfig
-from hookrun.config.optimizers import (
-    SHAPES,
-    optimizer_errors,
+from hookrun.config.optimizers import SHAPES, optimizer_errors
+from hookrun.config.schedulers import (
     schedule_errors,
     schedule_interval,
     scheduler_errors,
-    sections,
+    scheduler_sections,
 )
 from hookrun.config.schema import schema, settings_rows
 from hookrun.config.task import (
@@ -373,7 +372,7 @@ def _interval_errors(scheduler: Any, runner: dict[str, Any]) -> list[str]:
     section's the same) or the runner's."""
     said = [
         (f"{where}.interval", one.get("interval"))
-        for _, where, one in sections("scheduler", scheduler)
+        for _, where, one in scheduler_sections(scheduler)
         if isinstance(one, dict) and one.get("interval") in ("iter", "epoch")  # else pydantic's
     ]
     other = runner.get("scheduler_interval")

@@ -10,7 +10,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from hookrun.config.arguments import RunnerArguments
-from hookrun.config.optimizers import OptimizerSections, SchedulerSections
+from hookrun.config.optimizers import OptimizerSections
+from hookrun.config.schedulers import SchedulerSections
 
 
 class RunnerConfig(RunnerArguments):
