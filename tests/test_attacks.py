@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from hookrun import hookimpl
-from hookrun.checkpoint import state
+from hookrun.checkpoint import resume as run_resume
 from hookrun.cli import prepare as launch
 from hookrun.config import file as cfg
 from hookrun.engine import workdir
@@ -250,7 +250,7 @@ def test_leftovers_hookrun_cannot_prove_it_wrote_are_left(tmp_path):
     work = tmp_path / "run"
     (work / "checkpoints").mkdir(parents=True)
     (work / "log.jsonl").write_text('{"config": {}}\n')  # no manifest lists it
-    leftovers = state.check_unused(work, [work / "checkpoints"])
+    leftovers = run_resume.check_unused(work, [work / "checkpoints"])
     assert leftovers == [work / "log.jsonl"]
     line = workdir.start_over(work, leftovers)
     assert line is not None and "left log.jsonl: not recorded as written by hookrun" in line

@@ -21,7 +21,7 @@ from torch import nn
 
 from hookrun import Runner
 from hookrun.checkpoint import files as ckpt_io
-from hookrun.checkpoint import state as run_state
+from hookrun.checkpoint import resume as run_resume
 from hookrun.errors import CheckpointError, CheckpointMismatchError, HookrunError
 from hookrun.testing import assert_states_equal, toy_model, toy_runner_kwargs
 
@@ -233,7 +233,7 @@ def test_auto_skips_each_damaged_file_naming_it_and_leaves_the_runner_untouched(
     runner = make_runner(tmp_path)
     before = snapshot(runner)
     with pytest.raises(CheckpointMismatchError) as refused:
-        run_state.resume_auto(runner)
+        run_resume.resume_auto(runner)
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1, out
     assert out[0].startswith(f"[hookrun] skipping checkpoint {damaged}: {reason}")
@@ -246,7 +246,7 @@ def test_auto_skips_each_damaged_file_naming_it_and_leaves_the_runner_untouched(
 
     # beside an older good file: that one is chosen, and said why
     moved.rename(good)
-    assert run_state.resume_auto(runner) == good
+    assert run_resume.resume_auto(runner) == good
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"[hookrun] skipping checkpoint {damaged}: {reason}")
     assert out[1:] == [
@@ -269,7 +269,7 @@ def test_auto_never_resumes_from_weights_that_are_not_finite(tmp_path, capsys):
     capsys.readouterr()
 
     runner = make_runner(tmp_path)
-    assert run_state.resume_auto(runner) == good
+    assert run_resume.resume_auto(runner) == good
     out = capsys.readouterr().out
     assert (
         f"[hookrun] skipping checkpoint {emergency}: weights are not finite (nan in weight and "
@@ -322,7 +322,7 @@ def test_a_garbage_latest_pointer_is_ignored_with_a_notice(tmp_path, capsys, con
     capsys.readouterr()
 
     runner = make_runner(tmp_path)
-    assert run_state.resume_auto(runner) == newest
+    assert run_resume.resume_auto(runner) == newest
     out = capsys.readouterr().out.splitlines()
     assert out == [
         f"[hookrun] ignoring {older.parent / 'latest'}: {why.format(victim=victim)}",
@@ -337,7 +337,7 @@ def test_a_valid_latest_pointer_goes_first_and_is_named(tmp_path, capsys):
     newer(newest)
     (older.parent / "latest").write_text("iter_2.pt\n")
     capsys.readouterr()
-    assert run_state.resume_auto(make_runner(tmp_path)) == older
+    assert run_resume.resume_auto(make_runner(tmp_path)) == older
     latest = older.parent / "latest"
     assert f"resumed from {older} at iteration 3 (named by {latest})" in capsys.readouterr().out
 
@@ -403,7 +403,7 @@ def test_a_plugin_refusing_its_state_leaves_the_run_untouched(tmp_path, capsys):
     assert_states_equal(snapshot(fresh), before)
     capsys.readouterr()
     with pytest.raises(CheckpointMismatchError, match="no checkpoint in .* can continue"):
-        run_state.resume_auto(fresh)  # nothing else to resume from, and no fresh start over it
+        run_resume.resume_auto(fresh)  # nothing else to resume from, and no fresh start over it
     assert f"skipping checkpoint {path}: plugins." in capsys.readouterr().out
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hookrun.checkpoint import state
+from hookrun.checkpoint import resume as run_resume
 from hookrun.cli import prepare as launch
 from hookrun.config import file as cfg
 from hookrun.engine import workdir
@@ -213,7 +213,7 @@ def test_failed_start_leftovers_judges_logs_event_files_and_checkpoints(tmp_path
     ckpts = [work / "checkpoints"]
 
     def judged():
-        return workdir.failed_start_leftovers(work, state.checkpoint_leftovers(ckpts))
+        return workdir.failed_start_leftovers(work, run_resume.checkpoint_leftovers(ckpts))
 
     _jsonl(work, {"config": {}})
     (work / "config.yaml").write_text("task: x\n")
@@ -267,16 +267,16 @@ def test_resume_auto_on_a_finished_run_changes_nothing(toy, tmp_path, capsys):
 
     # what `hookrun train` decides, asked in-process
     runner = launch.build_runner(cfg.load(toy, [], work))
-    assert state.finished_position(runner) is not None
+    assert run_resume.finished_position(runner) is not None
     longer = launch.build_runner(cfg.load(toy, ["runner.max_epochs=3"], work))
-    assert state.finished_position(longer) is None  # more to train: it resumes
+    assert run_resume.finished_position(longer) is None  # more to train: it resumes
     marker = (work / workdir.FINISHED_NAME).read_text()
     (work / workdir.FINISHED_NAME).unlink()  # as after a stop during the final validation
-    assert state.finished_position(runner) is None  # it validates and tests on resume
+    assert run_resume.finished_position(runner) is None  # it validates and tests on resume
     (work / workdir.FINISHED_NAME).write_text(marker)
     (work / "checkpoints" / "latest").unlink()
     (work / "checkpoints" / "epoch_2.pt").unlink()  # the newest left is epoch_1.pt
-    assert state.finished_position(runner) is None
+    assert run_resume.finished_position(runner) is None
 
 
 # -- where checkpoints are -------------------------------------------------------------------

@@ -45,6 +45,13 @@ class CheckpointError(Exception):
     in what was given: the CLI exits with code 1, without a traceback."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (empty when it has none): what an error that
+    wraps another quotes of it."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def validation_lines(exc: Any, prefix: str, fields: Iterable[str] = ()) -> list[str]:
     """One line per pydantic error: ``prefix.path: message (got value)``, with did-you-mean
     for unknown keys when the valid ``fields`` are given."""

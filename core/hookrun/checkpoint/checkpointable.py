@@ -1,7 +1,7 @@
 """What the checkpoint code needs of a run, and nothing more.
 
-:mod:`hookrun.checkpoint.state`, :mod:`hookrun.checkpoint.fit` and
-:mod:`hookrun.checkpoint.sharded` collect, check and
+:mod:`hookrun.checkpoint.state`, :mod:`hookrun.checkpoint.resume`,
+:mod:`hookrun.checkpoint.fit` and :mod:`hookrun.checkpoint.sharded` collect, check and
 restore through this Protocol instead of the Runner, so the checkpoint side never imports
 the engine that uses it; the Runner is one (checked in :mod:`hookrun.engine.runner`).
 """

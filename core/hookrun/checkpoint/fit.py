@@ -2,8 +2,8 @@
 
 :func:`fit_problems` compares a checkpoint with the runner's model, optimizer, RNG streams and
 loop position without modifying either; :func:`non_finite` names weights that are NaN or
-infinite. :mod:`hookrun.checkpoint.state` uses both to choose what ``resume="auto"`` restores and to
-refuse an explicit file that does not fit, with the runner left as it was.
+infinite. :mod:`hookrun.checkpoint.resume` uses both to choose what ``resume="auto"`` restores
+and to refuse an explicit file that does not fit, with the runner left as it was.
 """
 
 from __future__ import annotations

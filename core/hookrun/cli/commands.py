@@ -148,12 +148,12 @@ def _train(
         if resume is None:  # refused before the task is built
             launch.check_fresh_work_dir(loaded)
         # torch is imported only now: a config mistake is reported without waiting for it
-        from hookrun.checkpoint import state as run_state
+        from hookrun.checkpoint import resume as run_resume
         from hookrun.distributed import collectives, process_group
 
         notice(f"building task {loaded.data['task']} ...")  # importing torch takes seconds
         runner = launch.build_runner(loaded, runner_arguments=runner_arguments)
-        finished = run_state.finished_position(runner) if resume == "auto" else None
+        finished = run_resume.finished_position(runner) if resume == "auto" else None
         if finished is not None:
             last = runner.max_iters
             beyond = (
@@ -169,7 +169,7 @@ def _train(
         with (
             process_group.errors_agreed()
         ):  # every check that can refuse, before anything is written
-            run_state.check_start(runner, resume)
+            run_resume.check_start(runner, resume)
         collectives.barrier()  # every rank checked the work dir before rank 0 writes into it
         if runner.is_main:
             workdir.clear_finished(out)
@@ -181,7 +181,7 @@ def _train(
         test = runner.test() if runner.test_dataloader is not None else None
         print_summary(runner, loaded, runner.last_metrics.get("val"), test)
         if runner.is_main:
-            run_state.mark_finished(runner)  # what `--resume auto` checks
+            run_resume.mark_finished(runner)  # what `--resume auto` checks
 
 
 def model_summary(model: Any) -> str:

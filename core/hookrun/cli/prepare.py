@@ -55,11 +55,11 @@ def load_everywhere(
 
 
 def check_fresh_work_dir(loaded: LoadedConfig) -> None:
-    """Refuse a work dir that holds a run (:func:`hookrun.checkpoint.state.check_unused`, the rule
+    """Refuse a work dir that holds a run (:func:`hookrun.checkpoint.resume.check_unused`, the rule
     ``Runner.train`` applies too), before the task is built: the plugins the config selects
     are made from their settings alone to ask where the run's checkpoints go
     (:func:`hookrun.engine.workdir.checkpoint_dirs`)."""
-    from hookrun.checkpoint.state import check_unused
+    from hookrun.checkpoint.resume import check_unused
     from hookrun.engine.workdir import checkpoint_dirs
     from hookrun.hooks.manager import PluginManager
 

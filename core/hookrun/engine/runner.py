@@ -18,6 +18,7 @@ from rich.console import Console
 from torch import nn
 
 from hookrun.checkpoint import files as ckpt_io
+from hookrun.checkpoint import resume as run_resume
 from hookrun.checkpoint import state as run_state
 from hookrun.checkpoint.storage import URL, location
 from hookrun.config.arguments import check_arguments, device_feature_errors, resolve_device
@@ -419,7 +420,7 @@ class Runner:
     def train(self, resume: str | Path | None = None) -> None:
         """Train from scratch, from ``resume`` (a path), or from the newest checkpoint ("auto").
 
-        Refused before anything is written (:func:`hookrun.checkpoint.state.check_start`):
+        Refused before anything is written (:func:`hookrun.checkpoint.resume.check_start`):
         a work dir
         another run holds, one that holds a run without ``resume``, a checkpoint that cannot
         continue the run, a train loader without batches."""
@@ -434,7 +435,7 @@ class Runner:
         try:
             with lock:
                 with process_group.errors_agreed():
-                    leftovers = run_state.check_start(self, resume)
+                    leftovers = run_resume.check_start(self, resume)
                 line = workdir.start_over(self.work_dir, leftovers) if self.is_main else None
                 if line:
                     self.info(line)
@@ -452,7 +453,7 @@ class Runner:
             self.clock.start()
             self.hooks.before_run(runner=self)
             if resume is not None:
-                run_state.resume(self, resume)
+                run_resume.resume(self, resume)
             self.hooks.before_train(runner=self)
             TrainLoop(self).run()
             self.hooks.after_train(runner=self)
@@ -533,7 +534,7 @@ class Runner:
 
     def load_checkpoint(self, path: str | Path | URL, resume: bool = True) -> dict[str, Any]:
         """Load weights (``resume=False``) or the whole training state (``resume=True``)."""
-        return run_state.load_into(self, location(path), resume)
+        return run_resume.load_into(self, location(path), resume)
 
     # -- loops ---------------------------------------------------------------------------
 

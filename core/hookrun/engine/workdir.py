@@ -19,12 +19,12 @@
   Checkpoints may go to an object store (:class:`hookrun.checkpoint.storage.URL`); the work
   dir itself stays local.
 - :func:`read_finished` / :data:`FINISHED_NAME`: a completed ``hookrun train`` records its
-  final position (:func:`hookrun.checkpoint.state.mark_finished`), so that ``--resume auto`` can do
-  nothing (:func:`hookrun.checkpoint.state.finished_position`).
+  final position (:func:`hookrun.checkpoint.resume.mark_finished`), so that ``--resume auto``
+  can do nothing (:func:`hookrun.checkpoint.resume.finished_position`).
 
-The checkpoint files themselves are judged on the checkpoint side (:mod:`hookrun.checkpoint.state`),
-which uses this module, never the other way round: this module takes only the checkpoint
-locations from there (:mod:`hookrun.checkpoint.storage`).
+The checkpoint files themselves are judged on the checkpoint side
+(:mod:`hookrun.checkpoint.resume`), which uses this module, never the other way round: this
+module takes only the checkpoint locations from there (:mod:`hookrun.checkpoint.storage`).
 """
 
 from __future__ import annotations
@@ -358,8 +358,8 @@ def refuse_trained(work_dir: Path, in_checkpoints: list[Path] | None) -> list[Pa
     """Refuse ``work_dir`` when it holds a run that trained; else the leftovers of a start
     that never completed an iteration (:func:`failed_start_leftovers`), for
     :func:`start_over`. ``in_checkpoints``: what the run's checkpoint folders hold, as
-    :func:`hookrun.checkpoint.state.checkpoint_leftovers` judges it (the checkpoint side reads
-    checkpoints; :func:`hookrun.checkpoint.state.check_unused` asks both).
+    :func:`hookrun.checkpoint.resume.checkpoint_leftovers` judges it (the checkpoint side reads
+    checkpoints; :func:`hookrun.checkpoint.resume.check_unused` asks both).
     Files hookrun does not know
     do not count. Changes nothing."""
     if work_dir.exists() and not work_dir.is_dir():
