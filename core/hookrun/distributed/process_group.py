@@ -23,7 +23,7 @@ from hookrun.distributed.collectives import (
     get_rank,
     is_distributed,
 )
-from hookrun.errors import HookrunError
+from hookrun.errors import HookrunError, first_line
 
 
 def init_from_env(timeout_s: float = 600.0) -> tuple[int, int, int]:
@@ -147,7 +147,8 @@ def errors_agreed() -> Iterator[None]:
         yield
     except Exception as exc:
         error = exc
-    mine = None if error is None else (isinstance(error, HookrunError), _first_line(error))
+    line = None if error is None else first_line(error) or type(error).__name__
+    mine = None if error is None else (isinstance(error, HookrunError), line)
     found = all_gather_object(mine)
     if error is not None:
         raise error
@@ -156,8 +157,3 @@ def errors_agreed() -> Iterator[None]:
             user, line = entry
             message = f"stopped: rank {rank} failed: {line}"
             raise HookrunError(message) if user else PeerFailed(message)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
