@@ -21,7 +21,7 @@ from hookrun import hookimpl
 from hookrun.checkpoint import resume as run_resume
 from hookrun.cli import prepare as launch
 from hookrun.config import file as cfg
-from hookrun.engine import workdir
+from hookrun.engine import workdir, workdir_hold
 from hookrun.engine.runner import Runner
 from hookrun.errors import HookrunError
 from hookrun.testing import forked, isolated_env, run_cli, toy_runner_kwargs
@@ -186,7 +186,7 @@ def test_a_second_train_in_another_thread_is_refused_and_a_used_work_dir_needs_r
         other = threading.Thread(target=lambda: _capture(second.train, refused))
         other.start()
         other.join(60)
-        assert len(refused) == 1 and isinstance(refused[0], workdir.WorkDirBusyError)
+        assert len(refused) == 1 and isinstance(refused[0], workdir_hold.WorkDirBusyError)
         assert str(refused[0]) == (
             f"work dir {work} is in use by another run of this process (thread first-run); "
             "wait for it or use another work_dir"
@@ -238,7 +238,7 @@ def test_the_users_own_files_survive_every_start_failed_start_and_restart(capsys
     out = capsys.readouterr().out
     assert {p: digest(p) for p in mine} == mine
     assert not (work / "checkpoints" / "emergency_iter_0.pt").exists()
-    recorded = workdir.recorded(work)
+    recorded = workdir_hold.recorded(work)
     assert work / "log.jsonl" in recorded and data not in recorded
 
     code, out, err = run_cli(capsys, "train", config, "--work-dir", work)  # a restart
@@ -261,7 +261,7 @@ def test_leftovers_hookrun_cannot_prove_it_wrote_are_left(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "planted", [workdir.LOCK_NAME, "log.jsonl", workdir.MANIFEST_NAME, "config.yaml"]
+    "planted", [workdir_hold.LOCK_NAME, "log.jsonl", workdir_hold.MANIFEST_NAME, "config.yaml"]
 )
 @pytest.mark.parametrize("kind", ["symlink", "hard link"])
 def test_a_planted_link_changes_nothing_outside(capsys, config, tmp_path, thesis, planted, kind):
@@ -417,7 +417,7 @@ def test_a_damaged_checkpoint_given_to_resume_is_one_line(capsys, config, tmp_pa
     assert digests(work) == before
 
 
-@pytest.mark.parametrize("name", [workdir.LOCK_NAME, "log.jsonl", workdir.FINISHED_NAME])
+@pytest.mark.parametrize("name", [workdir_hold.LOCK_NAME, "log.jsonl", workdir.FINISHED_NAME])
 def test_a_fifo_where_hookrun_writes_or_reads_its_own_files_is_one_line(config, tmp_path, name):
     work = tmp_path / "run"
     work.mkdir()

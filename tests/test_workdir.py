@@ -19,7 +19,7 @@ import pytest
 from hookrun.checkpoint import resume as run_resume
 from hookrun.cli import prepare as launch
 from hookrun.config import file as cfg
-from hookrun.engine import workdir
+from hookrun.engine import workdir, workdir_hold
 from hookrun.engine.runner import Runner
 from hookrun.errors import HookrunError
 from hookrun.testing import forked, isolated_env, run_cli, toy_runner_kwargs, write_toy_task
@@ -57,7 +57,7 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
     for path in sorted(folder.rglob("*")):
         if path.is_file():
             stat = path.stat()
-            mtime = 0 if path.name == workdir.LOCK_NAME else stat.st_mtime_ns
+            mtime = 0 if path.name == workdir_hold.LOCK_NAME else stat.st_mtime_ns
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             found[str(path.relative_to(folder))] = (stat.st_size, mtime, digest)
     return found
@@ -84,7 +84,7 @@ def probe_lock(work: Path) -> bool:
     """Whether another process can take the work dir's lock now."""
     code = (
         "import fcntl, os, sys\n"
-        f"fd = os.open({str(work / workdir.LOCK_NAME)!r}, os.O_RDONLY)\n"
+        f"fd = os.open({str(work / workdir_hold.LOCK_NAME)!r}, os.O_RDONLY)\n"
         "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
         "except BlockingIOError:\n    sys.exit(1)\n"
     )
@@ -133,7 +133,7 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_blocks_no
 
         # the Python API is refused the same way, before its writers open
         runner = launch.build_runner(cfg.load(toy, [], work))
-        with pytest.raises(workdir.WorkDirBusyError, match=f"pid {first.pid} on host"):
+        with pytest.raises(workdir_hold.WorkDirBusyError, match=f"pid {first.pid} on host"):
             runner.train()
         assert snapshot(work) == before
 
@@ -143,7 +143,7 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_blocks_no
         if first.poll() is None:
             first.kill()
         first.communicate()
-    assert (work / workdir.LOCK_NAME).exists() and probe_lock(work)
+    assert (work / workdir_hold.LOCK_NAME).exists() and probe_lock(work)
 
     # killed before any iteration: nothing blocks the same command, which starts over; so
     # does a first iteration that raised (its emergency checkpoint is at iteration 0)
@@ -170,11 +170,11 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_blocks_no
 
 def test_the_lock_is_reentrant_released_at_the_end_and_not_kept_by_forked_children(tmp_path):
     work = tmp_path / "run"
-    with workdir.hold(work):
+    with workdir_hold.hold(work):
         assert not probe_lock(work)
-        data = json.loads((work / workdir.LOCK_NAME).read_text())
+        data = json.loads((work / workdir_hold.LOCK_NAME).read_text())
         assert data["pid"] == os.getpid() and data["host"] == socket.gethostname()
-        with workdir.hold(work):  # Runner.train inside the CLI's hold
+        with workdir_hold.hold(work):  # Runner.train inside the CLI's hold
             pass
         assert not probe_lock(work)
         read, write = os.pipe()
@@ -189,14 +189,14 @@ def test_the_lock_is_reentrant_released_at_the_end_and_not_kept_by_forked_childr
     finally:
         os.close(write)
         os.waitpid(child, 0)
-    with workdir.hold(work):
+    with workdir_hold.hold(work):
         pass
 
 
 def test_a_work_dir_that_is_a_file_is_refused(tmp_path):
     path = tmp_path / "file"
     path.write_text("x")
-    with pytest.raises(HookrunError, match="exists and is not a folder"), workdir.hold(path):
+    with pytest.raises(HookrunError, match="exists and is not a folder"), workdir_hold.hold(path):
         pass
 
 

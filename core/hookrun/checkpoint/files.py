@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from hookrun.checkpoint.storage import URL, location
-from hookrun.engine.workdir import file_kind, open_regular, record_created
+from hookrun.engine.workdir_files import file_kind, open_regular
+from hookrun.engine.workdir_hold import record_created
 from hookrun.errors import CheckpointError, CheckpointMismatchError
 
 FORMAT = "hookrun/1"

@@ -138,13 +138,13 @@ def _train(
     """``hookrun train`` (:func:`train`) into ``work_dir`` (None: the config's), with
     ``runner_arguments`` replacing the config's (``--smoke``)."""
     from hookrun.cli import prepare as launch
-    from hookrun.engine import workdir
+    from hookrun.engine import workdir, workdir_hold
 
     named = {"--resume": resume} if resume not in (None, "auto") else {}
     loaded = launch.load_everywhere(config, overrides, work_dir, named)
     out = loaded.work_dir
     # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
-    with workdir.hold(out, enabled=rank() == 0, notice=notice):
+    with workdir_hold.hold(out, enabled=rank() == 0, notice=notice):
         if resume is None:  # refused before the task is built
             launch.check_fresh_work_dir(loaded)
         # torch is imported only now: a config mistake is reported without waiting for it
@@ -274,14 +274,14 @@ def _evaluate(
     config: Path, checkpoint: str | None, overrides: Sequence[str], work_dir: Path | None, mode: str
 ) -> None:
     from hookrun.cli.prepare import build_runner, load_everywhere
-    from hookrun.engine import workdir
+    from hookrun.engine import workdir_hold
 
     named = {"--checkpoint": checkpoint} if checkpoint is not None else {}
     loaded = load_everywhere(config, overrides, work_dir, named)
     out = loaded.work_dir
     # the work dir's lock, as train takes it: evaluation appends to the run's logs
     hint = "evaluate into another --work-dir"
-    with workdir.hold(out, enabled=rank() == 0, hint=hint, notice=notice):
+    with workdir_hold.hold(out, enabled=rank() == 0, hint=hint, notice=notice):
         notice(f"building task {loaded.data['task']} ...")
         runner = build_runner(loaded, training=False)
         if getattr(runner, f"{mode}_dataloader") is None:

@@ -27,7 +27,7 @@ from hookrun.data.loaders import make_loader, seed_all
 from hookrun.data.sharding import train_sampler
 from hookrun.distributed import collectives, process_group
 from hookrun.distributed.fsdp import shard_model
-from hookrun.engine import compiled, workdir
+from hookrun.engine import compiled, workdir, workdir_hold
 from hookrun.engine import predict as prediction
 from hookrun.engine.clock import IterationClock
 from hookrun.engine.evaluation import evaluate, evaluation_loaders
@@ -431,7 +431,7 @@ class Runner:
             self.info("not in the main thread: stop signals are left alone")
         # one run per work dir: another run's lock is refused before the writers open, and so
         # is every other mistake (a folder left by a refused start is removed again)
-        lock = workdir.hold(self.work_dir, self.is_main, "use another work_dir", self.info)
+        lock = workdir_hold.hold(self.work_dir, self.is_main, "use another work_dir", self.info)
         try:
             with lock:
                 with process_group.errors_agreed():

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
-from hookrun.engine.workdir import CHECKPOINTS, check_no_links, open_for_writing
+from hookrun.engine.workdir import CHECKPOINTS
+from hookrun.engine.workdir_files import check_no_links
+from hookrun.engine.workdir_hold import open_for_writing
 from hookrun.errors import ConfigError
 from hookrun.hooks.discovery import (
     WRITER_GROUP,
