@@ -23,7 +23,7 @@ from hookrun.cli import prepare as launch
 from hookrun.config import file as cfg
 from hookrun.engine import workdir, workdir_hold
 from hookrun.engine.runner import Runner
-from hookrun.errors import HookrunError
+from hookrun.errors import HookrunError, WorkDirBusyError
 from hookrun.testing import forked, isolated_env, run_cli, toy_runner_kwargs
 
 TASK = """
@@ -186,7 +186,7 @@ def test_a_second_train_in_another_thread_is_refused_and_a_used_work_dir_needs_r
         other = threading.Thread(target=lambda: _capture(second.train, refused))
         other.start()
         other.join(60)
-        assert len(refused) == 1 and isinstance(refused[0], workdir_hold.WorkDirBusyError)
+        assert len(refused) == 1 and isinstance(refused[0], WorkDirBusyError)
         assert str(refused[0]) == (
             f"work dir {work} is in use by another run of this process (thread first-run); "
             "wait for it or use another work_dir"

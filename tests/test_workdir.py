@@ -21,7 +21,7 @@ from hookrun.cli import prepare as launch
 from hookrun.config import file as cfg
 from hookrun.engine import workdir, workdir_hold
 from hookrun.engine.runner import Runner
-from hookrun.errors import HookrunError
+from hookrun.errors import HookrunError, WorkDirBusyError
 from hookrun.testing import forked, isolated_env, run_cli, toy_runner_kwargs, write_toy_task
 from hookrun.writers import JsonlWriter, TensorBoardWriter, Writer
 
@@ -133,7 +133,7 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_killed_holder_blocks_no
 
         # the Python API is refused the same way, before its writers open
         runner = launch.build_runner(cfg.load(toy, [], work))
-        with pytest.raises(workdir_hold.WorkDirBusyError, match=f"pid {first.pid} on host"):
+        with pytest.raises(WorkDirBusyError, match=f"pid {first.pid} on host"):
             runner.train()
         assert snapshot(work) == before
 

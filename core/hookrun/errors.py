@@ -25,6 +25,10 @@ class PluginError(HookrunError):
     """A plugin cannot be found, imported, configured or registered."""
 
 
+class WorkDirBusyError(HookrunError):
+    """Another run holds the work dir's lock (a user mistake: exit 2 from the CLI)."""
+
+
 class CheckpointMismatchError(HookrunError):
     """A checkpoint the user named cannot be loaded or does not fit the run (keys, shapes,
     optimizer groups, RNG or loop state): one line naming the file and the first problem.

@@ -30,16 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hookrun.engine.workdir_files import open_plain
-from hookrun.errors import HookrunError
+from hookrun.errors import HookrunError, WorkDirBusyError
 
 LOCK_NAME = ".hookrun.lock"
 MANIFEST_NAME = ".hookrun.files"  # the files hookrun created here, one JSON string a line
 # file systems mounted without lock support (Lustre `noflock`, some NFS set-ups)
 _NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
-
-
-class WorkDirBusyError(HookrunError):
-    """Another process holds the work dir's lock (a user mistake: exit 2 from the CLI)."""
 
 
 # -- the lock --------------------------------------------------------------------------------
