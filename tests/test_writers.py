@@ -213,10 +213,10 @@ def test_writers_finish_with_the_run_status_and_keep_their_state(tmp_path):
 def test_a_tracker_writer_not_installed_names_its_folder_in_the_repository(monkeypatch):
     """Run from a clone, a writer whose ``writers/hookrun-<name>`` folder is beside the core
     names that folder; the folders are also the names a misspelling is matched against."""
-    import hookrun.writers
-    from hookrun.writers import writer_errors
+    import hookrun.writers.registry
+    from hookrun.writers.registry import writer_errors
 
-    monkeypatch.setattr(hookrun.writers, "installed", lambda group: {})  # none installed
+    monkeypatch.setattr(hookrun.writers.registry, "installed", lambda group: {})  # none installed
     root = Path(__file__).resolve().parent.parent
     assert (root / "writers" / "hookrun-neptune" / "pyproject.toml").is_file()
     assert writer_errors(["neptune", "nepture", "comet"]) == [

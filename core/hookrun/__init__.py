@@ -16,11 +16,11 @@ _EXPORTS = {
     "PluginSettings": "hookrun.hooks.plugin",
     "Priority": "hookrun.hooks.plugin",
     "hookimpl": "hookrun.hooks.plugin",
-    "Writer": "hookrun.writers",
-    "image_uint8": "hookrun.writers",
-    "checkpoint_files": "hookrun.writers",
-    "checkpoint_signature": "hookrun.writers",
-    "CHECKPOINT_CHOICES": "hookrun.writers",
+    "Writer": "hookrun.writers.base",
+    "image_uint8": "hookrun.writers.base",
+    "checkpoint_files": "hookrun.writers.checkpoint_uploads",
+    "checkpoint_signature": "hookrun.writers.checkpoint_uploads",
+    "CHECKPOINT_CHOICES": "hookrun.writers.checkpoint_uploads",
     "ScalarStore": "hookrun.engine.scalars",
     "is_distributed": "hookrun.distributed.collectives",
     "get_rank": "hookrun.distributed.collectives",
@@ -121,11 +121,11 @@ if TYPE_CHECKING:
     from hookrun.hooks.plugin import hookimpl as hookimpl
     from hookrun.hooks.protocol import RunnerProtocol as RunnerProtocol
     from hookrun.hooks.stats import HookStats as HookStats
-    from hookrun.writers import CHECKPOINT_CHOICES as CHECKPOINT_CHOICES
-    from hookrun.writers import Writer as Writer
-    from hookrun.writers import checkpoint_files as checkpoint_files
-    from hookrun.writers import checkpoint_signature as checkpoint_signature
-    from hookrun.writers import image_uint8 as image_uint8
+    from hookrun.writers.base import Writer as Writer
+    from hookrun.writers.base import image_uint8 as image_uint8
+    from hookrun.writers.checkpoint_uploads import CHECKPOINT_CHOICES as CHECKPOINT_CHOICES
+    from hookrun.writers.checkpoint_uploads import checkpoint_files as checkpoint_files
+    from hookrun.writers.checkpoint_uploads import checkpoint_signature as checkpoint_signature
 
 
 def __getattr__(name: str) -> Any:

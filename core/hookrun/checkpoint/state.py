@@ -26,7 +26,7 @@ from hookrun.engine.compiled import ORIG_MOD, plain_names
 from hookrun.engine.optimizer_step import SINGLE
 from hookrun.engine.position import LoopPosition, Phase
 from hookrun.errors import CheckpointError, CheckpointMismatchError, first_line
-from hookrun.writers import restore_writer_states, writer_states
+from hookrun.writers.lifecycle import restore_writer_states, writer_states
 
 
 def collect(runner: Checkpointable, save_optimizer: bool = True) -> dict[str, Any]:

@@ -119,8 +119,8 @@ ClipGrad = Annotated[
     Discriminator(_clip_grad_form),
 ]
 
-#: The writers spec is checked by ``hookrun.writers.writer_errors`` (it needs entry points and
-#: may hold ``Writer`` instances); the schema tells editors the config-file shapes.
+#: The writers spec is checked by ``hookrun.writers.registry.writer_errors`` (it needs entry
+#: points and may hold ``Writer`` instances); the schema tells editors the config-file shapes.
 WritersSpec = Annotated[
     Any,
     WithJsonSchema(
@@ -361,7 +361,7 @@ def check_arguments(**arguments: Any) -> RunnerArguments:
 
 def argument_errors(arguments: Mapping[str, Any]) -> list[str]:
     """Every problem of the Runner's plain arguments as ``runner.<field>: ...`` lines."""
-    from hookrun.writers import writer_errors
+    from hookrun.writers.registry import writer_errors
 
     try:
         RunnerArguments.model_validate(arguments)

@@ -283,7 +283,7 @@ def _checked(raw: dict[str, Any], path: Path) -> tuple[list[str], Any]:
         errors += found or task_args_errors(task, path, raw.get("task_args", {}))
     runner = raw.get("runner")
     if isinstance(runner, dict) and "writers" in runner:
-        from hookrun.writers import writer_errors
+        from hookrun.writers.registry import writer_errors
 
         errors += writer_errors(runner["writers"])
     runner = runner if isinstance(runner, dict) else {}

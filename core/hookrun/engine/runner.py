@@ -41,7 +41,9 @@ from hookrun.engine.train_loop import TrainLoop
 from hookrun.errors import CheckpointError, ConfigError
 from hookrun.hooks.manager import PluginManager
 from hookrun.hooks.stats import HookStats
-from hookrun.writers import Writer, close_writers, open_writers, resolve_writers, run_status
+from hookrun.writers.base import Writer, run_status
+from hookrun.writers.lifecycle import close_writers, open_writers
+from hookrun.writers.registry import resolve_writers
 
 if TYPE_CHECKING:
     from hookrun.checkpoint.checkpointable import Checkpointable

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from hookrun.engine.position import LoopPosition, ValidationSchedule
     from hookrun.engine.scalars import ScalarStore
     from hookrun.hooks.stats import HookStats
-    from hookrun.writers import Writer
+    from hookrun.writers.base import Writer
 
 
 class RunnerProtocol(Protocol):

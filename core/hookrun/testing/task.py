@@ -227,6 +227,6 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str
 def writer_errors(spec: Any) -> list[str]:
     """Every problem ``hookrun config validate`` reports for a ``runner.writers`` spec, one
     line each: a writer's tests assert its option checks through here."""
-    from hookrun.writers import writer_errors as errors
+    from hookrun.writers.registry import writer_errors as errors
 
     return errors(spec)
