@@ -7,7 +7,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 CHECKPOINT_CHOICES = ("best", "last", "none")
-"""What a tracker writer may upload at a run's end (its ``checkpoint`` option)."""
+"""What a tracker writer may upload at a run's end (its ``log_checkpoints`` option)."""
 
 
 def checkpoint_files(folder: Path, which: str, done: Collection[str] = ()) -> list[Path]:
