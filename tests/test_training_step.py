@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 
 from _support import run, write
 from hookrun import Runner, hookimpl
-from hookrun.engine.steps import StepError, to_device
+from hookrun.data.batches import to_device
+from hookrun.engine.steps import StepError
 from hookrun.errors import ConfigError
 
 VOCAB, PAD = 11, -100

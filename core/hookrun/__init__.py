@@ -50,7 +50,7 @@ _EXPORTS = {
     "metrics_line": "hookrun.engine.reporting",
     "write_line": "hookrun.engine.reporting",
     "Pace": "hookrun.engine.reporting",
-    "batch_size": "hookrun.engine.steps",
+    "batch_size": "hookrun.data.batches",
     "RunnerProtocol": "hookrun.hooks.protocol",
     "LoopPosition": "hookrun.engine.position",
     "Phase": "hookrun.engine.position",
@@ -80,6 +80,7 @@ if TYPE_CHECKING:
     from hookrun.cli.numbers import format_duration as format_duration
     from hookrun.cli.numbers import format_number as format_number
     from hookrun.cli.numbers import format_scalar as format_scalar
+    from hookrun.data.batches import batch_size as batch_size
     from hookrun.data.loaders import loader_options as loader_options
     from hookrun.data.loaders import mix_seed as mix_seed
     from hookrun.data.sharding import already_sharded as already_sharded
@@ -107,7 +108,6 @@ if TYPE_CHECKING:
     from hookrun.engine.reporting import write_line as write_line
     from hookrun.engine.runner import Runner as Runner
     from hookrun.engine.scalars import ScalarStore as ScalarStore
-    from hookrun.engine.steps import batch_size as batch_size
     from hookrun.engine.swaps import SwapStack as SwapStack
     from hookrun.engine.swaps import swap_stack as swap_stack
     from hookrun.errors import CheckpointError as CheckpointError

@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
+from hookrun.data.batches import batch_size, to_device
 from hookrun.data.limits import limited
 from hookrun.data.loaders import make_loader
 from hookrun.data.sharding import eval_sampler
 from hookrun.distributed import fsdp, process_group
 from hookrun.engine.reporting import metrics_line, write_line
-from hookrun.engine.steps import MetricMeans, batch_size, evaluation_values, to_device
+from hookrun.engine.steps import MetricMeans, evaluation_values
 from hookrun.errors import ConfigError
 
 

@@ -24,11 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookrun.data.batches import to_device
 from hookrun.data.loaders import make_loader
 from hookrun.data.sharding import predict_sampler
 from hookrun.distributed import fsdp, process_group
 from hookrun.distributed.collectives import all_gather_object
-from hookrun.engine.steps import _kind, convention_call, to_device
+from hookrun.engine.steps import _kind, convention_call
 
 CPU = torch.device("cpu")
 

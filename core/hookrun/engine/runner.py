@@ -22,6 +22,7 @@ from hookrun.checkpoint import resume as run_resume
 from hookrun.checkpoint import state as run_state
 from hookrun.checkpoint.storage import URL, location
 from hookrun.config.arguments import check_arguments, device_feature_errors, resolve_device
+from hookrun.data.batches import to_device
 from hookrun.data.limits import limited
 from hookrun.data.loaders import make_loader, seed_all
 from hookrun.data.sharding import train_sampler
@@ -35,7 +36,7 @@ from hookrun.engine.optimizer_step import OptimizerStep, named_optimizers
 from hookrun.engine.position import DEFAULT_MAX_EPOCHS, LoopPosition, Phase, ValidationSchedule
 from hookrun.engine.reporting import Reporter
 from hookrun.engine.scalars import ScalarStore
-from hookrun.engine.steps import is_manual, to_device
+from hookrun.engine.steps import is_manual
 from hookrun.engine.stop_signals import DEFAULT_STOP_SIGNALS, StopSignals
 from hookrun.engine.train_loop import TrainLoop
 from hookrun.errors import CheckpointError, ConfigError

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -312,39 +311,3 @@ class MetricMeans:
         values = packed.tolist()
         total = values[-1] or 1.0
         return {name: value / total for name, value in zip(names, values[:-1], strict=True)}
-
-
-def batch_size(batch: Any) -> int:
-    """Samples in a batch: the length of its first tensor."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, Mapping):
-        return batch_size(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)) and batch:
-        return batch_size(batch[0])
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        return batch_size(getattr(batch, dataclasses.fields(batch)[0].name))
-    return 1
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Move every tensor of a (nested) batch to ``device``: tensors, mappings, sequences,
-    named tuples, dataclasses and any object with a ``.to(device)`` method."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=device.type == "cuda")
-    if isinstance(batch, Mapping):
-        return type(batch)((k, to_device(v, device)) for k, v in batch.items())  # type: ignore[call-arg]
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(to_device(v, device) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        fields = {
-            f.name: to_device(getattr(batch, f.name), device)
-            for f in dataclasses.fields(batch)
-            if f.init
-        }
-        return dataclasses.replace(batch, **fields)
-    if callable(getattr(batch, "to", None)):
-        return batch.to(device)
-    return batch

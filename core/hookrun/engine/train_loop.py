@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from hookrun.data.batches import batch_size, to_device
 from hookrun.data.sharding import last_batch
 from hookrun.distributed import process_group
 from hookrun.engine.evaluation import evaluate_or_stop
@@ -25,7 +26,6 @@ from hookrun.engine.position import (
     group_done,
     group_ends,
 )
-from hookrun.engine.steps import batch_size, to_device
 from hookrun.engine.train_step import TrainStep
 from hookrun.errors import ConfigError
 
