@@ -1,4 +1,4 @@
-"""Checkpoint files: format ``hookrun/1``, atomic writes, safe loads, RNG state.
+"""Checkpoint files: format ``hookrun/1``, atomic writes, safe loads.
 
 Every value is something ``torch.load(path, weights_only=True)`` accepts, so loading never
 needs (and never falls back to) unpickling arbitrary objects.
@@ -15,7 +15,6 @@ import errno
 import io
 import os
 import pickle
-import random
 import re
 import secrets
 import shutil
@@ -314,129 +313,6 @@ def _short(text: str, limit: int = 200) -> str:
         text = first if first else text
     text = text.rstrip(".")
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def candidates(folder: Path | URL, report: Callable[[str], None] | None = None) -> list[Path | URL]:
-    """Checkpoint files (``*.pt``) and sharded checkpoint folders (named the same way) in
-    ``folder``, newest first.
-
-    A ``latest`` text file naming a checkpoint of the folder puts that one first; the rest
-    go by modification time, ties broken by the numbers in their names (iter_10 > iter_8).
-    ``latest`` is trusted with nothing: unless it holds one plain file name (no ``/``,
-    ``\\`` or ``..``) of a ``*.pt`` file of the folder it is ignored, and ``report`` says why.
-    Anything else named ``*.pt`` (a FIFO, a device, a link to one) is skipped, and ``report``
-    names it and what it is. On an object store the modification time is the upload's.
-    """
-    if isinstance(folder, URL):
-        return _object_candidates(folder, report)
-    if not folder.is_dir():
-        return []
-    files: list[Path] = []
-    for path in folder.glob("*.pt"):
-        problem = None if path.is_dir() else not_regular(path)  # dirs: sharded checkpoints
-        if problem is None and os.path.exists(path):
-            files.append(path)
-        elif problem is not None and report is not None:
-            report(f"skipping {path}: {problem}")
-    files.sort(key=lambda p: (p.stat().st_mtime_ns, _natural(p.name)), reverse=True)
-    newest: list[Path | URL] = [*files]
-    return _latest_first(folder, newest, report)
-
-
-def _object_candidates(folder: URL, report: Callable[[str], None] | None) -> list[Path | URL]:
-    """:func:`candidates` of a folder on an fsspec file system (objects only: no FIFOs)."""
-    found = [entry for entry in folder.iterdir() if entry.suffix == ".pt" and entry.is_file()]
-    found.sort(key=lambda entry: (entry.mtime(), _natural(entry.name)), reverse=True)
-    files: list[Path | URL] = [*found]
-    return _latest_first(folder, files, report)
-
-
-def _latest_first(
-    folder: Path | URL, files: list[Path | URL], report: Callable[[str], None] | None
-) -> list[Path | URL]:
-    """``files`` with the one the ``latest`` pointer names first (the pointer checked)."""
-    pointer = folder / "latest"
-    if pointer.is_file():
-        named, problem = _pointer_name(pointer)
-        if named is not None and folder / named in files:
-            files.remove(folder / named)
-            files.insert(0, folder / named)
-        elif report is not None:
-            report(f"ignoring {pointer}: {problem or f'{named!r} is not a checkpoint here'}")
-    return files
-
-
-def pointed(folder: Path | URL) -> str | None:
-    """The plain file name the ``latest`` pointer of ``folder`` holds, if it holds one."""
-    pointer = folder / "latest"
-    return _pointer_name(pointer)[0] if pointer.is_file() else None
-
-
-def _pointer_name(pointer: Path | URL) -> tuple[str | None, str]:
-    """The plain file name ``pointer`` holds, or None and why not."""
-    try:
-        if isinstance(pointer, URL):
-            raw = pointer.read_bytes()[:4097]
-        else:
-            with open_regular(pointer) as f:
-                raw = f.read(4097)
-    except OSError as exc:
-        return None, f"cannot be read ({exc.strerror or exc})"
-    if len(raw) > 4096:
-        return None, "it is not a file name (over 4 KiB)"
-    try:
-        name = raw.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        return None, "it is not text"
-    if not name:
-        return None, "it is empty"
-    if not name.isprintable() or "/" in name or "\\" in name or name in (".", ".."):
-        return None, f"{name!r} is not a plain file name"
-    return name, ""
-
-
-def _natural(name: str) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def rng_state() -> dict[str, Any]:
-    """Python, numpy and torch (CPU and CUDA) generator states as tensors and plain types."""
-    version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {
-        "python": {"version": version, "state": torch.tensor(internal), "gauss": gauss},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-    try:
-        import numpy as np
-    except ImportError:
-        return state
-    kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state["numpy"] = {
-        "kind": str(kind),
-        "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "cached_gaussian": float(cached),
-    }
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` captured."""
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
-    torch.set_rng_state(state["torch"].cpu())
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-    if "numpy" in state:
-        import numpy as np
-
-        npst = state["numpy"]
-        key = npst["key"].numpy().astype("uint32")
-        np.random.set_state(
-            (npst["kind"], key, npst["pos"], npst["has_gauss"], npst["cached_gaussian"])
-        )
 
 
 SAFE_SCALARS = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device, torch.Size)

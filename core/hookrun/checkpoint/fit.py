@@ -270,8 +270,9 @@ def _rng_problems(checkpoint: Mapping[str, Any], rank: int, world_size: int) -> 
 
 
 def _rng_problem(state: Any) -> str | None:
-    """Why ``state`` cannot be given to :func:`hookrun.checkpoint.files.set_rng_state`, tried on
-    generators of their own (the process's streams stay as they are)."""
+    """Why ``state`` cannot be given to
+    :func:`hookrun.checkpoint.random_state.set_rng_state`, tried on generators of their own
+    (the process's streams stay as they are)."""
     if not isinstance(state, Mapping):
         return f"{_kind(state)}, not a dict"
     for key in ("python", "torch"):

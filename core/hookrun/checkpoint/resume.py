@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hookrun.checkpoint import files as ckpt_io
+from hookrun.checkpoint import folder as checkpoint_folder
 from hookrun.checkpoint.checkpointable import Checkpointable
 from hookrun.checkpoint.fit import disagreement, fit_problems, non_finite, summary
 from hookrun.checkpoint.state import SHARDED_LOCAL, PluginStateError, load, restore
@@ -138,7 +139,7 @@ def resume_auto(runner: Checkpointable) -> Path | URL | None:
             continue
         runner.resumed_from = path
         why = "newest that loads and fits"
-        if ckpt_io.pointed(folder) == path.name:
+        if checkpoint_folder.pointed(folder) == path.name:
             why = f"named by {folder / 'latest'}"
         if survey.refused:
             why += f"; skipped {len(survey.refused)}"
@@ -186,7 +187,7 @@ def resume_candidates(
 ) -> Iterator[tuple[Path | URL, dict[str, Any]]]:
     """What ``resume="auto"`` may continue from, in the order it tries them: the checkpoints
     of ``runner.checkpoint_dir`` that load, fit the run and hold finite weights, newest first
-    (:func:`hookrun.checkpoint.files.candidates`), loaded (tensors mapped when there is no
+    (:func:`hookrun.checkpoint.folder.candidates`), loaded (tensors mapped when there is no
     ``report``: a check, not a restore); every other is added to ``survey`` and given to
     ``report`` with why. The resume takes the first whose plugins accept their state."""
     folder = runner.checkpoint_dir
@@ -194,7 +195,7 @@ def resume_candidates(
     survey.folder = folder
     if isinstance(folder, URL):
         folder.check()  # an unreachable store is no "no checkpoint yet"
-    for path in ckpt_io.candidates(folder, report):
+    for path in checkpoint_folder.candidates(folder, report):
         try:
             checkpoint = load(path, mmap=report is None)
         except CheckpointMismatchError as exc:

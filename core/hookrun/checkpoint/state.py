@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hookrun.checkpoint import files as ckpt_io
+from hookrun.checkpoint import random_state
 from hookrun.checkpoint.checkpointable import Checkpointable
 from hookrun.checkpoint.storage import URL
 from hookrun.config.schedule import continue_schedule, scheduler_entries
@@ -37,7 +38,7 @@ def collect(runner: Checkpointable, save_optimizer: bool = True) -> dict[str, An
             f"no checkpoint taken during iteration {pos.iter}'s optimizer step: its weights "
             "may have changed before the position counts the step, so the two would disagree"
         )
-    rng = ckpt_io.rng_state()
+    rng = random_state.rng_state()
     ranks = collectives.all_gather_object(rng) if runner.world_size > 1 else None
     state: dict[str, Any] = {
         "format": ckpt_io.FORMAT,
@@ -113,7 +114,7 @@ def restore(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool) ->
     ranks = checkpoint.get("rng_ranks") or [checkpoint["rng"]]
     if len(ranks) != runner.world_size:
         runner.info(_continue_on_new_world(runner, len(ranks)) + "; rank 0's RNG streams used")
-    ckpt_io.set_rng_state(ranks[runner.rank] if len(ranks) == runner.world_size else ranks[0])
+    random_state.set_rng_state(ranks[runner.rank] if len(ranks) == runner.world_size else ranks[0])
     _resume_loader(runner, checkpoint.get("loader"))
     runner.recount_position()
     for name, saved in checkpoint.get("schedulers", {}).items():

@@ -299,10 +299,10 @@ def _evaluate(
 def _latest(runner: Any) -> Path | URL:
     """The checkpoint ``--resume auto`` would take first: the ``latest`` pointer's file, else
     the newest in the run's checkpoint folder."""
-    from hookrun.checkpoint import files as ckpt_io
+    from hookrun.checkpoint import folder as checkpoint_folder
 
     folder = runner.checkpoint_dir
-    found = ckpt_io.candidates(folder)
+    found = checkpoint_folder.candidates(folder)
     if not found:
         raise HookrunError(
             f"--checkpoint: none given and {folder} holds no checkpoint; give --checkpoint PATH"

@@ -18,6 +18,7 @@ from rich.console import Console
 from torch import nn
 
 from hookrun.checkpoint import files as ckpt_io
+from hookrun.checkpoint import random_state
 from hookrun.checkpoint import resume as run_resume
 from hookrun.checkpoint import state as run_state
 from hookrun.checkpoint.storage import URL, location
@@ -396,11 +397,11 @@ class Runner:
 
     def rng_state(self) -> dict[str, Any]:
         """A snapshot of every random generator (python, numpy, torch, CUDA) of this process."""
-        return ckpt_io.rng_state()
+        return random_state.rng_state()
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
         """Put back a snapshot taken with :meth:`rng_state`."""
-        ckpt_io.set_rng_state(state)
+        random_state.set_rng_state(state)
 
     @contextlib.contextmanager
     def rng_preserved(self) -> Iterator[None]:
