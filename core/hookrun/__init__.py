@@ -18,9 +18,10 @@ _EXPORTS = {
     "hookimpl": "hookrun.hooks.plugin",
     "Writer": "hookrun.writers.base",
     "image_uint8": "hookrun.writers.base",
-    "checkpoint_files": "hookrun.writers.checkpoint_uploads",
-    "checkpoint_signature": "hookrun.writers.checkpoint_uploads",
-    "CHECKPOINT_CHOICES": "hookrun.writers.checkpoint_uploads",
+    "TrackerWriter": "hookrun.writers.tracker",
+    "checkpoint_files": "hookrun.writers.tracker",
+    "checkpoint_signature": "hookrun.writers.tracker",
+    "CHECKPOINT_CHOICES": "hookrun.writers.tracker",
     "ScalarStore": "hookrun.engine.scalars",
     "is_distributed": "hookrun.distributed.collectives",
     "get_rank": "hookrun.distributed.collectives",
@@ -123,9 +124,10 @@ if TYPE_CHECKING:
     from hookrun.hooks.stats import HookStats as HookStats
     from hookrun.writers.base import Writer as Writer
     from hookrun.writers.base import image_uint8 as image_uint8
-    from hookrun.writers.checkpoint_uploads import CHECKPOINT_CHOICES as CHECKPOINT_CHOICES
-    from hookrun.writers.checkpoint_uploads import checkpoint_files as checkpoint_files
-    from hookrun.writers.checkpoint_uploads import checkpoint_signature as checkpoint_signature
+    from hookrun.writers.tracker import CHECKPOINT_CHOICES as CHECKPOINT_CHOICES
+    from hookrun.writers.tracker import TrackerWriter as TrackerWriter
+    from hookrun.writers.tracker import checkpoint_files as checkpoint_files
+    from hookrun.writers.tracker import checkpoint_signature as checkpoint_signature
 
 
 def __getattr__(name: str) -> Any:

@@ -6,7 +6,8 @@ name their classes here.
 
 - ``base``: the ``Writer`` interface, how a run ended, images as uint8
 - ``jsonl``, ``tensorboard``: the built-in writers
-- ``checkpoint_uploads``: which checkpoint files a tracker writer uploads
+- ``tracker``: ``TrackerWriter``, the base of tracker writers (their shared options and
+  checks), and which checkpoint files they upload
 - ``registry``: writer classes found from a ``writers:`` spec, and the spec's problems
 - ``lifecycle``: a run's writers opened, their states saved and restored, closed
 """
@@ -14,5 +15,6 @@ name their classes here.
 from hookrun.writers.base import Writer
 from hookrun.writers.jsonl import JsonlWriter
 from hookrun.writers.tensorboard import TensorBoardWriter
+from hookrun.writers.tracker import TrackerWriter
 
-__all__ = ["JsonlWriter", "TensorBoardWriter", "Writer"]
+__all__ = ["JsonlWriter", "TensorBoardWriter", "TrackerWriter", "Writer"]

@@ -7,22 +7,23 @@ so validating a config never imports it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hookrun import CHECKPOINT_CHOICES, Writer, checkpoint_files, image_uint8
+from hookrun import TrackerWriter, image_uint8
 
 
-class DVCLiveWriter(Writer):
+class DVCLiveWriter(TrackerWriter):
     """One DVCLive folder per work dir, opened at the first thing written: a folder that
     exists is continued (DVCLive's ``resume=True``), never cleared, so a resumed run, the
     test pass after training and ``hookrun test`` all add to what training wrote."""
 
     name = "dvclive"
+    library = "dvclive"
+    install = "'dvclive>=3.40'"
 
     def __init__(
         self,
@@ -34,33 +35,21 @@ class DVCLiveWriter(Writer):
         log_checkpoints: str = "none",
         checkpoint_dir: str | None = None,
     ) -> None:
-        super().__init__(work_dir)
+        super().__init__(work_dir, log_checkpoints, checkpoint_dir)
         self.dir = self.work_dir / dir
         self.exp_name = exp_name or self.work_dir.absolute().name
         self.save_dvc_exp = save_dvc_exp
         self.dvcyaml = dvcyaml
-        self.log_checkpoints = log_checkpoints
-        # None: the run's own folder (``runner.checkpoint_dir``), known once the run opens it
-        self.checkpoint_dir = self.work_dir / checkpoint_dir if checkpoint_dir else None
         self._config: dict[str, Any] | None = None
         self._live: Any = None
 
     @classmethod
-    def check_options(cls, options: Mapping[str, Any]) -> list[str]:
-        """The library is there, ``dir`` stays inside the work dir, ``log_checkpoints`` is
-        one of its choices."""
-        errors = []
-        if importlib.util.find_spec("dvclive") is None:
-            errors.append("the dvclive library is missing: pip install 'dvclive>=3.40'")
+    def check_own_options(cls, options: Mapping[str, Any]) -> list[str]:
+        """``dir`` stays inside the work dir."""
         folder = str(options.get("dir", "dvclive"))
         if not folder or Path(folder).is_absolute() or ".." in Path(folder).parts:
-            errors.append(f"dir: a folder inside the work dir (got {folder!r})")
-        choice = options.get("log_checkpoints", "none")
-        if choice not in CHECKPOINT_CHOICES:
-            errors.append(
-                f"log_checkpoints: expected one of {', '.join(CHECKPOINT_CHOICES)} (got {choice!r})"
-            )
-        return errors
+            return [f"dir: a folder inside the work dir (got {folder!r})"]
+        return []
 
     # -- the Writer interface ----------------------------------------------------------------
 
@@ -87,12 +76,15 @@ class DVCLiveWriter(Writer):
         """Checkpoints as DVC artifacts, the status as the ``hookrun.status`` param, then
         DVCLive's own end (a DVC experiment with ``save_dvc_exp``)."""
         live = self._open()
-        for path in checkpoint_files(
-            self.checkpoint_dir or self.run_checkpoint_dir, self.log_checkpoints
-        ):
+        for path in self.checkpoints_to_upload():  # none marked: see state_dict
             live.log_artifact(str(path), type="model")
         live.log_param("hookrun", {"status": status})
         live.end()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: the folder is the run, continued as it is, and every pass logs all the
+        checkpoint files again (``dvc add`` of an unchanged file stores nothing new)."""
+        return {}
 
     # -- the DVCLive folder ------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ validating a config never imports it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -16,13 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hookrun import (
-    CHECKPOINT_CHOICES,
-    Writer,
-    checkpoint_files,
-    checkpoint_signature,
-    image_uint8,
-)
+from hookrun import TrackerWriter, image_uint8
 
 #: hookrun's run status to MLflow's ``RunStatus`` name.
 STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
@@ -31,11 +24,13 @@ STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 MAX_PARAM_CHARS = 500
 
 
-class MlflowWriter(Writer):
+class MlflowWriter(TrackerWriter):
     """One MLflow run per hookrun run: opened at the first thing it writes, resumed from the
     run id a checkpoint holds, closed with the run's status."""
 
     name = "mlflow"
+    library = "mlflow"
+    install = "'mlflow-skinny>=3.0'"
 
     def __init__(
         self,
@@ -47,33 +42,16 @@ class MlflowWriter(Writer):
         log_checkpoints: str = "none",
         checkpoint_dir: str | None = None,
     ) -> None:
-        super().__init__(work_dir)
+        super().__init__(work_dir, log_checkpoints, checkpoint_dir)
         self.local_uri = (self.work_dir / "mlruns").absolute().as_uri()
         self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or self.local_uri
         self.experiment = experiment
         self.run_name = run_name or self.work_dir.absolute().name
         self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
-        self.log_checkpoints = log_checkpoints
-        # None: the run's own folder (``runner.checkpoint_dir``), known once the run opens it
-        self.checkpoint_dir = self.work_dir / checkpoint_dir if checkpoint_dir else None
         self.run_id: str | None = None
         self._resume_id: str | None = None
-        self._uploaded: list[str] = []  # checkpoint_signature of each file uploaded
         self._config: dict[str, Any] | None = None
         self._client: Any = None
-
-    @classmethod
-    def check_options(cls, options: Mapping[str, Any]) -> list[str]:
-        """The library is there, and ``log_checkpoints`` is one of its choices."""
-        errors = []
-        if importlib.util.find_spec("mlflow") is None:
-            errors.append("the mlflow library is missing: pip install 'mlflow-skinny>=3.0'")
-        choice = options.get("log_checkpoints", "none")
-        if choice not in CHECKPOINT_CHOICES:
-            errors.append(
-                f"log_checkpoints: expected one of {', '.join(CHECKPOINT_CHOICES)} (got {choice!r})"
-            )
-        return errors
 
     # -- the Writer interface ----------------------------------------------------------------
 
@@ -103,25 +81,21 @@ class MlflowWriter(Writer):
         """Checkpoints under ``checkpoints/``, then the run ends ``FINISHED``, ``FAILED``
         or ``KILLED``."""
         run_id = self._run()
-        for path in checkpoint_files(
-            self.checkpoint_dir or self.run_checkpoint_dir, self.log_checkpoints, self._uploaded
-        ):
+        for path in self.checkpoints_to_upload():
             self._client.log_artifact(run_id, str(path), artifact_path="checkpoints")
-            self._uploaded.append(checkpoint_signature(path))
+            self.mark_uploaded(path)
         self._client.set_terminated(run_id, STATUS.get(status, "FAILED"))
 
     def state_dict(self) -> dict[str, Any]:
         run_id = self.run_id or self._resume_id
-        if not run_id:
-            return {}
-        return {"run_id": run_id, "checkpoints": list(self._uploaded)}
+        return {"run_id": run_id, **super().state_dict()} if run_id else {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """The run to continue and the checkpoints it holds; ignored once this writer has
         opened its run."""
         if self.run_id is None and isinstance(state.get("run_id"), str):
             self._resume_id = state["run_id"]
-            self._uploaded = [str(s) for s in state.get("checkpoints") or ()]
+            super().load_state_dict(state)
 
     # -- the MLflow run ----------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ writer opens, so validating a config never imports it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import uuid
@@ -16,22 +15,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hookrun import (
-    CHECKPOINT_CHOICES,
-    Writer,
-    checkpoint_files,
-    checkpoint_signature,
-    image_uint8,
-)
-
-MODES = ("async", "sync", "offline", "debug")
+from hookrun import TrackerWriter, image_uint8
 
 
-class NeptuneWriter(Writer):
+class NeptuneWriter(TrackerWriter):
     """One Neptune run per hookrun run, named by a ``custom_run_id`` kept in checkpoints:
     online, a resumed run and the test pass continue the same Neptune run."""
 
     name = "neptune"
+    library = "neptune"
+    install = "'neptune>=1.10,<2'"
+    modes = ("async", "sync", "offline", "debug")
+    owned_init_kwargs = frozenset({"project", "name", "tags", "mode", "with_id", "custom_run_id"})
 
     def __init__(
         self,
@@ -44,39 +39,15 @@ class NeptuneWriter(Writer):
         checkpoint_dir: str | None = None,
         init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(work_dir)
+        super().__init__(work_dir, log_checkpoints, checkpoint_dir)
         self.project = project
         self.run_name = run_name or self.work_dir.absolute().name
         self.tags = [str(tag) for tag in tags or ()]
         self.mode = mode
-        self.log_checkpoints = log_checkpoints
-        # None: the run's own folder (``runner.checkpoint_dir``), known once the run opens it
-        self.checkpoint_dir = self.work_dir / checkpoint_dir if checkpoint_dir else None
         self.init_kwargs = dict(init_kwargs or {})
         self.custom_run_id = uuid.uuid4().hex
-        self._uploaded: list[str] = []  # checkpoint_signature of each file uploaded
         self._config: dict[str, Any] | None = None
         self._run: Any = None
-
-    @classmethod
-    def check_options(cls, options: Mapping[str, Any]) -> list[str]:
-        """The library is there; ``mode`` and ``log_checkpoints`` are among their choices;
-        ``init_kwargs`` does not set what the writer's own options set."""
-        errors = []
-        if importlib.util.find_spec("neptune") is None:
-            errors.append("the neptune library is missing: pip install 'neptune>=1.10,<2'")
-        mode = options.get("mode")
-        if mode is not None and mode not in MODES:
-            errors.append(f"mode: expected one of {', '.join(MODES)} (got {mode!r})")
-        choice = options.get("log_checkpoints", "none")
-        if choice not in CHECKPOINT_CHOICES:
-            errors.append(
-                f"log_checkpoints: expected one of {', '.join(CHECKPOINT_CHOICES)} (got {choice!r})"
-            )
-        owned = {"project", "name", "tags", "mode", "with_id", "custom_run_id"}
-        for key in sorted(owned & set(options.get("init_kwargs") or {})):
-            errors.append(f"init_kwargs.{key}: set by the writer (use its own options)")
-        return errors
 
     # -- the Writer interface ----------------------------------------------------------------
 
@@ -103,24 +74,22 @@ class NeptuneWriter(Writer):
         """Checkpoints under ``checkpoints/``, ``hookrun/status`` and ``sys/failed`` (true
         unless finished), then Neptune's ``stop()``."""
         run = self._open()
-        for path in checkpoint_files(
-            self.checkpoint_dir or self.run_checkpoint_dir, self.log_checkpoints, self._uploaded
-        ):
+        for path in self.checkpoints_to_upload():
             run[f"checkpoints/{path.stem}"].upload(str(path))
-            self._uploaded.append(checkpoint_signature(path))
+            self.mark_uploaded(path)
         run["hookrun/status"] = status
         run["sys/failed"] = status != "finished"
         run.stop()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"custom_run_id": self.custom_run_id, "checkpoints": list(self._uploaded)}
+        return {"custom_run_id": self.custom_run_id, **super().state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """The run to continue and the checkpoints it holds; ignored once this writer has
         opened its run."""
         if self._run is None and isinstance(state.get("custom_run_id"), str):
             self.custom_run_id = state["custom_run_id"]
-            self._uploaded = [str(s) for s in state.get("checkpoints") or ()]
+            super().load_state_dict(state)
 
     # -- the Neptune run ---------------------------------------------------------------------
 

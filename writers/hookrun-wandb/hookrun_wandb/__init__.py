@@ -7,32 +7,29 @@ when the writer opens, so validating a config never imports it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hookrun import (
-    CHECKPOINT_CHOICES,
-    Writer,
-    checkpoint_files,
-    checkpoint_signature,
-    image_uint8,
-)
+from hookrun import TrackerWriter, image_uint8
 
 #: The exit code W&B gets for each hookrun status (non-zero shows as failed in W&B).
 EXIT_CODES = {"finished": 0, "failed": 1, "killed": 143}
 
-MODES = ("online", "offline", "disabled")
 
-
-class WandbWriter(Writer):
+class WandbWriter(TrackerWriter):
     """One W&B run per hookrun run: opened at the first thing it writes, resumed from the
     run id a checkpoint holds, finished with an exit code from the run's status."""
 
     name = "wandb"
+    library = "wandb"
+    install = "'wandb>=0.25'"
+    modes = ("online", "offline", "disabled")
+    owned_init_kwargs = frozenset(
+        {"project", "entity", "name", "tags", "mode", "dir", "id", "resume", "config"}
+    )
 
     def __init__(
         self,
@@ -46,40 +43,16 @@ class WandbWriter(Writer):
         checkpoint_dir: str | None = None,
         init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(work_dir)
+        super().__init__(work_dir, log_checkpoints, checkpoint_dir)
         self.project = project
         self.entity = entity
         self.run_name = run_name or self.work_dir.absolute().name
         self.tags = [str(tag) for tag in tags or ()]
         self.mode = mode
-        self.log_checkpoints = log_checkpoints
-        # None: the run's own folder (``runner.checkpoint_dir``), known once the run opens it
-        self.checkpoint_dir = self.work_dir / checkpoint_dir if checkpoint_dir else None
         self.init_kwargs = dict(init_kwargs or {})
         self._resume_id: str | None = None
-        self._uploaded: list[str] = []  # checkpoint_signature of each file uploaded
         self._config: dict[str, Any] | None = None
         self._run: Any = None
-
-    @classmethod
-    def check_options(cls, options: Mapping[str, Any]) -> list[str]:
-        """The library is there; ``mode`` and ``log_checkpoints`` are among their choices;
-        ``init_kwargs`` does not set what the writer's own options set."""
-        errors = []
-        if importlib.util.find_spec("wandb") is None:
-            errors.append("the wandb library is missing: pip install 'wandb>=0.25'")
-        mode = options.get("mode")
-        if mode is not None and mode not in MODES:
-            errors.append(f"mode: expected one of {', '.join(MODES)} (got {mode!r})")
-        choice = options.get("log_checkpoints", "none")
-        if choice not in CHECKPOINT_CHOICES:
-            errors.append(
-                f"log_checkpoints: expected one of {', '.join(CHECKPOINT_CHOICES)} (got {choice!r})"
-            )
-        owned = {"project", "entity", "name", "tags", "mode", "dir", "id", "resume", "config"}
-        for key in sorted(owned & set(options.get("init_kwargs") or {})):
-            errors.append(f"init_kwargs.{key}: set by the writer (use its own options)")
-        return errors
 
     # -- the Writer interface ----------------------------------------------------------------
 
@@ -116,30 +89,26 @@ class WandbWriter(Writer):
         import wandb
 
         run = self._open()
-        files = checkpoint_files(
-            self.checkpoint_dir or self.run_checkpoint_dir, self.log_checkpoints, self._uploaded
-        )
+        files = self.checkpoints_to_upload()
         if files:
             artifact = wandb.Artifact(f"model-{run.id}", type="model")
             for path in files:
                 artifact.add_file(str(path))
             run.log_artifact(artifact, aliases=[self.log_checkpoints])
-            self._uploaded += [checkpoint_signature(path) for path in files]
+            self.mark_uploaded(*files)
         run.summary["hookrun/status"] = status
         run.finish(exit_code=EXIT_CODES.get(status, 1))
 
     def state_dict(self) -> dict[str, Any]:
         run_id = self._run.id if self._run is not None else self._resume_id
-        if not run_id:
-            return {}
-        return {"run_id": run_id, "checkpoints": list(self._uploaded)}
+        return {"run_id": run_id, **super().state_dict()} if run_id else {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """The run to continue and the checkpoints it holds; ignored once this writer has
         opened its run."""
         if self._run is None and isinstance(state.get("run_id"), str):
             self._resume_id = state["run_id"]
-            self._uploaded = [str(s) for s in state.get("checkpoints") or ()]
+            super().load_state_dict(state)
 
     # -- the W&B run -------------------------------------------------------------------------
 
