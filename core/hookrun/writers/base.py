@@ -30,7 +30,9 @@ class Writer:
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> list[str]:
         """Problems of the option values, ``"<option>: <what is wrong>"`` each, found before
-        the run starts (unknown option names are found from the constructor's signature)."""
+        the run starts (unknown option names are found from the constructor's signature); a
+        line about the writer as a whole (its library is missing) is plain text, placed after
+        the writer's path and a colon."""
         return []
 
     def write_scalar(self, name: str, value: float, step: int) -> None:

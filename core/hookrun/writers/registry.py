@@ -118,7 +118,7 @@ def option_errors(where: str, cls: type, options: Mapping[str, Any]) -> list[str
     parameters = list(inspect.signature(cls).parameters.values())[1:]  # after work_dir
     values = cls.check_options(options) if issubclass(cls, Writer) else []
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return [f"{where}.{line}" for line in values]
+        return [_placed(where, line) for line in values]
     accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     unknown = [
         f"{where}.{option}: unknown option{did_you_mean(option, accepted)} "
@@ -126,4 +126,12 @@ def option_errors(where: str, cls: type, options: Mapping[str, Any]) -> list[str
         for option in options
         if option not in accepted
     ]
-    return unknown or [f"{where}.{line}" for line in values]
+    return unknown or [_placed(where, line) for line in values]
+
+
+def _placed(where: str, line: str) -> str:
+    """A line of ``check_options`` under the writer's path: ``where.<option>: ...`` for a line
+    naming an option, ``where: ...`` for one about the writer as a whole (its library)."""
+    head = line.partition(":")[0]
+    names_an_option = head.replace(".", "").replace("_", "").isalnum()
+    return f"{where}.{line}" if names_an_option else f"{where}: {line}"
