@@ -29,7 +29,7 @@ from hookrun.data.loaders import make_loader
 from hookrun.data.sharding import predict_sampler
 from hookrun.distributed import fsdp, process_group
 from hookrun.distributed.collectives import all_gather_object
-from hookrun.engine.steps import _kind, convention_call
+from hookrun.engine.steps import convention_call, kind
 
 CPU = torch.device("cpu")
 
@@ -103,7 +103,7 @@ def forward(model: nn.Module, criterion: Any, batch: Any) -> Any:
     return convention_call(
         model,
         () if mapping else (batch,),
-        lambda: f"{type(model).__name__} cannot take {_kind(batch)} to predict ({convention})",
+        lambda: f"{type(model).__name__} cannot take {kind(batch)} to predict ({convention})",
         "define predict_step(batch) on the model",
         batch if mapping else None,
     )

@@ -107,7 +107,7 @@ def training_losses(
     loss = losses["loss"]
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise StepError(
-            f"the loss of {type(module).__name__} is {_kind(loss)}: back-propagation needs "
+            f"the loss of {type(module).__name__} is {kind(loss)}: back-propagation needs "
             "one value (a tensor of one element); reduce it, e.g. loss.mean()"
         )
     return losses
@@ -128,7 +128,7 @@ def criterion_loss(
     except MISFITS as exc:
         if outputs is _NOT_YET:
             values: tuple[Any, ...] = (inputs,)
-            line = f"{type(module).__name__} cannot take the inputs, {_kind(inputs)} ({CRITERION})"
+            line = f"{type(module).__name__} cannot take the inputs, {kind(inputs)} ({CRITERION})"
             way_out = (
                 "define training_step(batch) on the model, or drop criterion to let the model "
                 "compute its loss"
@@ -137,7 +137,7 @@ def criterion_loss(
             values = (outputs, targets)
             line = (
                 f"{_name(criterion)} cannot take {type(module).__name__}'s output, "
-                f"{_kind(outputs)}, and the targets, {_kind(targets)} ({CRITERION})"
+                f"{kind(outputs)}, and the targets, {kind(targets)} ({CRITERION})"
             )
             way_out = CRITERION_WAY_OUT
         if _is_bug(exc, values):
@@ -152,8 +152,7 @@ def _metric(name: str, fn: Callable[..., Any], outputs: Any, second: Any, what: 
         fn,
         (outputs, second),
         lambda: (
-            f"metric {name!r} cannot take the outputs, {_kind(outputs)}, and {what}, "
-            f"{_kind(second)}"
+            f"metric {name!r} cannot take the outputs, {kind(outputs)}, and {what}, {kind(second)}"
         ),
         f"make metric {name!r} take them, or define validation_step(batch) on the model",
     )
@@ -166,7 +165,7 @@ def own_loss_call(model: nn.Module, module: nn.Module, batch: Any) -> Any:
     return convention_call(
         model,
         () if mapping else (batch,),
-        lambda: f"{type(module).__name__} cannot take {_kind(batch)} ({OWN_LOSS})",
+        lambda: f"{type(module).__name__} cannot take {kind(batch)} ({OWN_LOSS})",
         WAY_OUT,
         batch if mapping else None,
     )
@@ -187,7 +186,7 @@ def step_outputs(out: Any, where: str, required: bool) -> dict[str, Any]:
     if isinstance(out, Mapping) and not required:
         return dict(out)
     raise StepError(
-        f"{where} returned {_kind(out)}: training_step must return a loss tensor, a dict with "
+        f"{where} returned {kind(out)}: training_step must return a loss tensor, a dict with "
         "'loss' or an object with .loss"
     )
 
@@ -197,7 +196,7 @@ def model_outputs(out: Any, module: nn.Module) -> dict[str, Any]:
     loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
     if not isinstance(loss, torch.Tensor):
         raise StepError(
-            f"{type(module).__name__} returned {_kind(out)} with no 'loss' ({OWN_LOSS}); {WAY_OUT}"
+            f"{type(module).__name__} returned {kind(out)} with no 'loss' ({OWN_LOSS}); {WAY_OUT}"
         )
     return _own_loss(out, loss)
 
@@ -214,7 +213,7 @@ def criterion_pair(batch: Any) -> tuple[Any, Any]:
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return batch[0], batch[1]
     raise StepError(
-        f"{CRITERION}; got {_kind(batch)}: drop criterion to let the model compute its loss "
+        f"{CRITERION}; got {kind(batch)}: drop criterion to let the model compute its loss "
         "(model(**batch) for a mapping), or define training_step(batch) on the model"
     )
 
@@ -224,7 +223,9 @@ def _name(fn: Any) -> str:
     return str(getattr(fn, "__name__", None) or type(fn).__name__)
 
 
-def _kind(value: Any) -> str:
+def kind(value: Any) -> str:
+    """What a value is, for a line that says a convention cannot take it: its type, with a
+    mapping's first keys, a tensor's shape or a sequence's length."""
     if isinstance(value, Mapping):
         keys = ", ".join(map(repr, list(value)[:5]))
         return f"a {type(value).__name__} with keys [{keys}]"
@@ -275,7 +276,7 @@ def evaluation_values(
         if not isinstance(values, Mapping):
             raise StepError(
                 f"{type(module).__name__}.{step.__name__} must return a dict of metric values "
-                f"(got {_kind(values)})"
+                f"(got {kind(values)})"
             )
         return dict(values)
     if criterion is not None:
