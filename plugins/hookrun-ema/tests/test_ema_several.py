@@ -176,6 +176,7 @@ def test_precise_bn_with_two_averages_recomputes_each_and_leaves_training_alone(
 ) -> None:
     """precise_bn ``models: all`` (6 batches: the whole training set) recomputes the model's
     statistics on the trained weights and each average's on that average's weights."""
+    pytest.importorskip("hookrun_precise_bn", reason="the EMA installed alone has no precise_bn")
     plain_runner, plain, _ = train(tmp_path / "plain", torch.float32, None, None, True)
     slow = SlowEMA(EMASettings(decay=0.95, warmup=False))
     ema = {"decay": 0.8, "warmup": False}
