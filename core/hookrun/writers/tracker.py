@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from hookrun.checkpoint.folder import pointed
 from hookrun.writers.base import Writer
 
 CHECKPOINT_CHOICES = ("best", "last", "none")
@@ -116,8 +117,6 @@ def checkpoint_files(folder: Path, which: str, done: Collection[str] = ()) -> li
     ``best_*.pt`` of ``folder``, ``last`` the file its ``latest`` pointer names (a plain
     name of the folder only), ``none`` nothing; less those whose
     :func:`checkpoint_signature` is in ``done`` (uploaded by an earlier pass)."""
-    from hookrun.checkpoint.folder import pointed
-
     if which == "best":
         files = sorted(p for p in folder.glob("best_*.pt") if p.is_file())
     else:
