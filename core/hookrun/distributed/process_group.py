@@ -147,8 +147,9 @@ def errors_agreed() -> Iterator[None]:
         yield
     except Exception as exc:
         error = exc
-    line = None if error is None else first_line(error) or type(error).__name__
-    mine = None if error is None else (isinstance(error, HookrunError), line)
+    mine = None
+    if error is not None:
+        mine = (isinstance(error, HookrunError), first_line(error) or type(error).__name__)
     found = all_gather_object(mine)
     if error is not None:
         raise error
