@@ -223,7 +223,7 @@ def test_check_arguments_returns_the_validated_arguments(tmp_path):
 
 @pytest.mark.parametrize("device", ["cuda:99", "meta", "gpu"])
 def test_a_device_that_is_not_there_is_a_config_error(device):
-    from hookrun.config.arguments import resolve_device
+    from hookrun.config.devices import resolve_device
 
     with pytest.raises(ConfigError, match=r"^runner\.device: .*\(got '" + device):
         resolve_device(device, 0)

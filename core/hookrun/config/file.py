@@ -157,7 +157,7 @@ def device_errors(runner: RunnerConfig) -> list[str]:
     or for one of those settings."""
     if runner.device in ("auto", "cpu") and runner.amp != "fp16" and not runner.sync_bn:
         return []
-    from hookrun.config.arguments import device_feature_errors, resolve_device
+    from hookrun.config.devices import device_feature_errors, resolve_device
 
     try:
         device = resolve_device(runner.device, int(os.environ.get("LOCAL_RANK", "0") or 0))

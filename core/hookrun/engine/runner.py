@@ -22,7 +22,8 @@ from hookrun.checkpoint import random_state
 from hookrun.checkpoint import resume as run_resume
 from hookrun.checkpoint import state as run_state
 from hookrun.checkpoint.storage import URL, location
-from hookrun.config.arguments import check_arguments, device_feature_errors, resolve_device
+from hookrun.config.arguments import check_arguments
+from hookrun.config.devices import device_feature_errors, resolve_device
 from hookrun.data.batches import to_device
 from hookrun.data.limits import limited
 from hookrun.data.loaders import make_loader, seed_all
