@@ -79,6 +79,38 @@ def test_val_interval_and_last_epoch(tmp_path):
     assert val_epochs == [2, 4, 5]  # completed-epoch counts: after epochs 2, 4 and the last
 
 
+
+class EpochQuestions:
+    """Records what the epoch helpers answer at each epoch's end and its validation."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[str, bool, bool]] = []
+
+    def note(self, hook: str, runner) -> None:
+        self.answers.append((hook, runner.is_last_epoch(), runner.every_n_epochs(2)))
+
+    @hookimpl
+    def after_train_epoch(self, runner):
+        self.note("after_train_epoch", runner)
+
+    @hookimpl
+    def after_val_epoch(self, runner):
+        self.note("after_val_epoch", runner)
+
+
+def test_epoch_helpers_answer_for_the_epoch_validated(tmp_path):
+    """During validation inside training ``runner.epoch`` counts the epoch as done; the
+    helpers still answer for it, as at its ``after_train_epoch``."""
+    questions = EpochQuestions()
+    Runner(**toy_runner_kwargs(tmp_path, hooks=[questions], max_epochs=3)).train()
+    last = [False, False, True]
+    second = [False, True, False]
+    assert questions.answers == [
+        (hook, last[epoch], second[epoch])
+        for epoch in range(3)
+        for hook in ("after_train_epoch", "after_val_epoch")
+    ]
+
 def test_iteration_based_run(tmp_path):
     rec = Recorder()
     kwargs = toy_runner_kwargs(tmp_path, hooks=[rec], max_epochs=None, max_iters=7, val_interval=3)

@@ -5,7 +5,9 @@ Each number is checked against a hand-written loop over the same data."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import types
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -455,6 +457,21 @@ def test_every_kind_of_batch_is_moved_to_the_device() -> None:
     assert moved["obj"].tensor.is_meta
     assert moved["list"][0].is_meta and moved["list"][1][0].is_meta and moved["n"] == 3
 
+
+
+def test_mappings_keep_their_kind_when_moved() -> None:
+    """A defaultdict keeps its factory, an OrderedDict its order, a read-only mapping its
+    class: the step receives the kind the loader yielded."""
+    meta = torch.device("meta")
+    t = torch.ones(2)
+    counts = to_device(collections.defaultdict(list, x=t), meta)
+    assert type(counts) is collections.defaultdict and counts.default_factory is list
+    assert counts["x"].is_meta and counts["missing"] == []
+    ordered = to_device(collections.OrderedDict([("b", t), ("a", t)]), meta)
+    assert type(ordered) is collections.OrderedDict and list(ordered) == ["b", "a"]
+    assert ordered["a"].is_meta
+    frozen = to_device(types.MappingProxyType({"x": t}), meta)
+    assert frozen["x"].is_meta
 
 # -- bad input from the CLI: one line, exit 2, nothing written ---------------------------
 

@@ -5,8 +5,9 @@ tuples, dataclasses, objects with ``.to``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -30,8 +31,16 @@ def to_device(batch: Any, device: torch.device) -> Any:
     named tuples, dataclasses and any object with a ``.to(device)`` method."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=device.type == "cuda")
+    if isinstance(batch, MutableMapping):  # a copy keeps its kind: a defaultdict its factory
+        moved = copy.copy(batch)
+        moved.update((k, to_device(v, device)) for k, v in batch.items())
+        return moved
     if isinstance(batch, Mapping):
-        return type(batch)((k, to_device(v, device)) for k, v in batch.items())  # type: ignore[call-arg]
+        values = {k: to_device(v, device) for k, v in batch.items()}
+        try:
+            return type(batch)(values)  # type: ignore[call-arg]
+        except TypeError:  # a read-only mapping its class cannot build from a dict: a dict
+            return values
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
         return type(batch)(*(to_device(v, device) for v in batch))
     if isinstance(batch, (list, tuple)):

@@ -343,7 +343,7 @@ class Runner:
         return n > 0 and (self.iter + 1) % n == 0
 
     def every_n_epochs(self, n: int) -> bool:
-        return n > 0 and (self.epoch + 1) % n == 0
+        return n > 0 and (self.position.epoch + 1) % n == 0
 
     def is_last_iter(self) -> bool:
         if not self.by_epoch:
@@ -357,10 +357,13 @@ class Runner:
         return self.is_last_epoch() and self.inner_iter + 1 == self._batches_per_epoch()
 
     def is_last_epoch(self) -> bool:
+        # the epoch finishing is the position's: during validation inside training
+        # ``runner.epoch`` already counts it as done
+        epoch = self.position.epoch
         if self.by_epoch:
-            return self.epoch + 1 == self.max_epochs
+            return epoch + 1 == self.max_epochs
         per_epoch = self._batches_per_epoch()
-        return per_epoch is not None and self.epoch + 1 == -(-(self.max_iters or 0) // per_epoch)
+        return per_epoch is not None and epoch + 1 == -(-(self.max_iters or 0) // per_epoch)
 
     def recount_position(self) -> None:
         """Set the accumulation facts of a restored position with this run's epoch length
