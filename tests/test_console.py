@@ -17,8 +17,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from _support import clean_env, hookrun_script, run
-from hookrun import format_number, format_scalar
-from hookrun.testing import jsonl_series, write_toy_task
+from hookrun import Runner, format_number, format_scalar
+from hookrun.testing import jsonl_series, toy_runner_kwargs, write_toy_task
 
 LINE = re.compile(r"^epoch 1/1  iter (\d+)/12 .*  eta \d+:\d\d:\d\d$", re.MULTILINE)
 
@@ -57,6 +57,20 @@ def test_the_logger_interval_alone_sets_the_reports(tmp_path):
     tags = _tensorboard(work).Tags()["scalars"]
     assert "train/loss" in tags and "train/eta" not in tags
 
+
+
+def test_the_logger_interval_sets_the_reports_in_python_too(tmp_path):
+    """The Runner takes the same default as a config file: no ``log_interval`` given, the
+    logger's ``interval`` is the core's; given both, each keeps its own."""
+    plugins = {"logger": {"interval": 2, "progress": "lines"}, "checkpoint": False}
+    alone = Runner(**toy_runner_kwargs(tmp_path / "a", plugins=plugins, writers=["jsonl"]))
+    assert alone.log_interval == 2
+    alone.train()
+    steps = [step for step, _ in jsonl_series(tmp_path / "a" / "run" / "log.jsonl", "train/loss")]
+    assert steps == [2, 3, 4, 6]  # every 2 iterations and at each epoch's end (3 an epoch)
+    both = Runner(**toy_runner_kwargs(tmp_path / "b", plugins=plugins, log_interval=1))
+    assert both.log_interval == 1
+    assert Runner(**toy_runner_kwargs(tmp_path / "c", plugins={"logger": {}})).log_interval == 10
 
 def test_a_console_interval_a_multiple_of_the_log_interval(tmp_path):
     work = tmp_path / "run"

@@ -235,7 +235,7 @@ class RunnerArguments(BaseModel):
         ge=1,
         le=MAX_INT,
         description="Report train scalars to the writers every this many iterations (and at "
-        "epoch ends).",
+        "epoch ends); when unset, a plugin's report interval (the logger's `interval`) if set.",
     )
     strategy: Literal["auto", "ddp", "fsdp"] = Field(
         "auto",

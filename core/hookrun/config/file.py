@@ -99,7 +99,7 @@ def load(
             data[section] = raw[section]
     if raw.get("scheduler"):  # one source: the runner steps the schedules at their interval
         data["runner"]["scheduler_interval"] = schedule_interval(raw["scheduler"], data["runner"])
-    reported = _report_interval(manager, raw.get("plugins"))
+    reported = None if manager is None else manager.report_interval()
     if reported is not None and "log_interval" not in raw.get("runner", {}):
         data["runner"]["log_interval"] = reported[1]  # one knob: the plugin's interval
     return LoadedConfig(path=path, data=data)
@@ -232,28 +232,10 @@ def _interval_errors(scheduler: Any, runner: dict[str, Any]) -> list[str]:
     ]
 
 
-def _report_interval(manager: Any, plugins: Any) -> tuple[str, int] | None:
-    """The interval a configured plugin reports at, when the file sets it: the setting its
-    class names in ``report_interval_setting`` (the logger's ``interval``), with its path.
-    ``runner.log_interval`` defaults to it. None when no section sets one, or the plugins
-    section has errors of its own (reported by :func:`_plugin_manager`)."""
-    from hookrun.hooks.plugin import Plugin
-
-    if manager is None or not isinstance(plugins, dict):
-        return None
-    for name, plugin in manager.plugins.items():
-        if not isinstance(plugin, Plugin) or not isinstance(plugins.get(name), dict):
-            continue
-        setting = plugin.report_interval_setting
-        if setting and setting in plugins[name]:
-            return f"plugins.{name}.{setting}", int(getattr(plugin.settings, setting))
-    return None
-
-
 def _log_interval_errors(manager: Any, raw: dict[str, Any], log_interval: int) -> list[str]:
     """A plugin reports at the core's reports, so its interval is a multiple of
     ``runner.log_interval`` (which defaults to it when only the plugin's is given)."""
-    found = _report_interval(manager, raw.get("plugins"))
+    found = None if manager is None else manager.report_interval()
     if found is None or "log_interval" not in raw.get("runner", {}):
         return []
     where, interval = found

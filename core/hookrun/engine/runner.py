@@ -130,7 +130,7 @@ class Runner:
         clip_grad: float | Mapping[str, float] | None = None,
         seed: int = 0,
         scheduler_interval: str = "epoch",
-        log_interval: int = 10,
+        log_interval: int | None = None,
         strategy: str = "auto",
         dist_timeout: float = 600.0,
         sync_bn: bool = False,
@@ -156,7 +156,7 @@ class Runner:
             clip_grad=clip_grad,
             scheduler_interval=scheduler_interval,
             writers=writers,
-            log_interval=log_interval,
+            log_interval=10 if log_interval is None else log_interval,
             strategy=strategy,
             dist_timeout=dist_timeout,
             sync_bn=sync_bn,
@@ -220,6 +220,9 @@ class Runner:
         self.config = dict(config or {})
         self.console = Console(quiet=self.rank != 0, highlight=False)
         self.manager = PluginManager(plugins, hooks)
+        if log_interval is None:  # one knob: the logger's interval when it sets one, else 10
+            reported = self.manager.report_interval()
+            log_interval = 10 if reported is None else reported[1]
         self.plugins = self.manager.plugins
         self.hooks = self.manager.hooks
         self.checkpoint_dir = workdir.checkpoint_dirs(self.work_dir, self.plugins.values())[-1]

@@ -164,6 +164,19 @@ class PluginManager(HookRegistry):
                 errors.append(str(exc))
         super().__init__(selected, priorities, errors)
 
+    def report_interval(self) -> tuple[str, int] | None:
+        """The interval a plugin's settings give its reports (the setting its class names in
+        ``report_interval_setting``, set explicitly to a number), with the setting's path:
+        ``runner.log_interval`` defaults to it. None when no plugin sets one."""
+        for name, plugin in self.plugins.items():
+            setting = getattr(plugin, "report_interval_setting", None)
+            if not isinstance(plugin, Plugin) or not setting:
+                continue
+            value = getattr(plugin.settings, setting, None)
+            if setting in plugin.settings.model_fields_set and isinstance(value, int):
+                return f"{self.where}.{name}.{setting}", value
+        return None
+
     def _select(self, config: dict[str, Any]) -> list[tuple[str, Plugin]]:
         errors: list[str] = []
         for name, value in config.items():

@@ -69,8 +69,8 @@ class Plugin(Generic[SettingsT]):
     """The pydantic model the plugin's config section is validated against."""
     report_interval_setting: ClassVar[str | None] = None
     """The setting (an int) giving the iterations between the plugin's reports, if any: a
-    config file that sets it and not ``runner.log_interval`` gets it as ``log_interval`` (one
-    knob), and the two must divide (the logger's ``interval``)."""
+    run that sets it and not ``runner.log_interval`` (config file or ``Runner``) gets it as
+    ``log_interval`` (one knob), and the two must divide (the logger's ``interval``)."""
     priority: int = Priority.NORMAL
     """Where it runs at every hook point (lower first); a config's ``priority:`` overrides it."""
     enabled_by_default: ClassVar[bool] = True

@@ -76,7 +76,7 @@ class Logger(Plugin[LoggerSettings]):
     Settings = LoggerSettings
     priority = Priority.BELOW_NORMAL
     enabled_by_default = True
-    report_interval_setting = "interval"  # runner.log_interval defaults to it in config files
+    report_interval_setting = "interval"  # runner.log_interval defaults to it
     renders_console = True  # the core prints no lines of its own
 
     def __init__(self, settings: LoggerSettings | None = None) -> None:

@@ -83,7 +83,7 @@ def test_the_speed_on_a_line_leaves_validation_out(make_runner):
 
 
 def test_interval_must_be_a_multiple_of_the_log_interval(make_runner):
-    runner = make_runner({"interval": 15})
+    runner = make_runner({"interval": 15}, log_interval=10)
     with pytest.raises(ConfigError, match=r"plugins.logger.interval: 15 is not a multiple"):
         runner.train()
 
