@@ -500,6 +500,15 @@ def build(kind):
         task.update(train_dataloader=DataLoader(inputs, batch_size=None))
     if kind == "pairs_without_criterion":
         task.update(train_dataloader=DataLoader(pairs, batch_size=None))
+    if kind == "mapping_after_two_pairs":  # two iterations train, the third batch misfits
+        late = DataLoader(pairs[:2] + mapping[:1], batch_size=None)
+        task.update(train_dataloader=late, criterion=nn.CrossEntropyLoss())
+    if kind == "mappings_to_validate":  # an epoch trains, its validation misfits
+        task.update(
+            train_dataloader=DataLoader(pairs, batch_size=None),
+            val_dataloader=DataLoader(mapping, batch_size=None),
+            criterion=nn.CrossEntropyLoss(),
+        )
     return task
 """
 
@@ -544,3 +553,24 @@ def test_a_batch_or_output_that_does_not_fit_is_one_line_exit_2_and_nothing_save
     assert "Traceback" not in proc.stderr
     checkpoints = tmp_path / "run" / "checkpoints"
     assert not checkpoints.exists() or not any(checkpoints.iterdir())
+
+
+@pytest.mark.parametrize("kind", ["mapping_after_two_pairs", "mappings_to_validate"])
+def test_a_misfit_after_iterations_trained_writes_no_emergency_checkpoint(
+    tmp_path: Path, kind: str
+) -> None:
+    """Bad input is bad input at any iteration: one line, exit 2, and the checkpoint plugin
+    saves nothing for it (the epoch's own checkpoint, due before its validation, stays)."""
+    write(tmp_path / "steptask.py", TASK)
+    config = write(
+        tmp_path / "run.yaml",
+        f"task: steptask.py:build\ntask_args: {{kind: {kind}}}\n"
+        "runner: {max_epochs: 1, device: cpu, writers: []}\n",
+    )
+    proc = run("train", config, "--work-dir", tmp_path / "run", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("criterion: batches are (inputs, ")
+    checkpoints = tmp_path / "run" / "checkpoints"
+    saved = sorted(p.name for p in checkpoints.iterdir()) if checkpoints.exists() else []
+    assert saved == ([] if kind == "mapping_after_two_pairs" else ["epoch_1.pt", "latest"])

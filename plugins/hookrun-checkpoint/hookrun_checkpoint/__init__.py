@@ -82,7 +82,6 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self.ledger = Ledger()  # the files kept and why, stored in every checkpoint
         self.storage: Storage = LocalStorage(Path("checkpoints"))
         self.training = False
-        self.started_at = 0  # the iterations done when this run started (or resumed)
         self.stopped = False  # the stop signal's checkpoint is saved: no more saves this run
         self.saved: tuple[dict[str, Any], str] | None = None  # (loop, file) of the last save
         self.writer = BackgroundWriter()
@@ -142,7 +141,6 @@ class Checkpoint(Plugin[CheckpointSettings]):
         file an earlier run resumed from loses it). Rank 0 looks at the folder; every rank
         takes its answer."""
         self.training = True
-        self.started_at = runner.position.iter
         folder = self.storage.folder
         for what, why in self.ignored:
             runner.info(f"checkpoint: ignoring {what} from the checkpoint: {why} {folder}")
@@ -264,10 +262,9 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
     @hookimpl
     def on_exception(self, runner: RunnerProtocol, exception: BaseException) -> None:
-        """Save ``emergency_iter_<N>.pt`` unless the exception is a failed checkpoint write,
-        or a mistake of the user's (a batch that fits no step convention) before any
-        iteration of this run ended: there is nothing new to keep, and bad input writes
-        nothing."""
+        """Save ``emergency_iter_<N>.pt`` unless the exception is a failed checkpoint write
+        or a mistake of the user's (a ``HookrunError``: a batch that fits no step
+        convention, at any iteration): bad input writes nothing (DESIGN §12)."""
         try:
             self._wait()
         except CheckpointError as exc:
@@ -280,7 +277,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
             or self.stopped
             or not self.settings.save_on_exception
             or isinstance(exception, CheckpointError)
-            or (isinstance(exception, HookrunError) and runner.position.iter == self.started_at)
+            or isinstance(exception, HookrunError)
             or runner.world_size > 1  # the other ranks are not here to gather their state
         ):
             return
