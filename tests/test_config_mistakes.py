@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from _support import errors_of
+from hookrun.config import file as cfg
 from hookrun.testing import run_cli, write_toy_task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,10 +206,23 @@ def test_optimizer_and_scheduler_sections_are_checked_before_any_model(toy):
         "differentiable, fused)",
         "scheduler.main.step_size: `auto` only fills T_max, total_iters, total_steps, T_0",
     ]
-    # YAML 1.1 reads 1e-3 (no dot) as text: said, with what to write instead
-    assert errors_of(toy, "optimizer={type: SGD, lr: 1e-3}", "task_args.optimizer=false") == [
+    # a quoted number is text: said, with what to write instead
+    quoted = 'optimizer={type: SGD, lr: "1e-3"}'
+    assert errors_of(toy, quoted, "task_args.optimizer=false") == [
         "optimizer.lr: '1e-3' is text to YAML, not a number; write 0.001"
     ]
+
+
+def test_numbers_without_a_dot_are_numbers(toy):
+    """YAML 1.2 reads 3e-3 as a number; PyYAML (YAML 1.1) reads it as text. Config files and
+    --set values are read the 1.2 way, in every section."""
+    toy.write_text(toy.read_text() + "optimizer: {type: AdamW, lr: 3e-3, weight_decay: 1E-4}\n")
+    loaded = cfg.load(toy, ["task_args.optimizer=false", "optimizer.eps=1e-8"])
+    assert loaded.data["optimizer"] == {
+        "type": "AdamW", "lr": 0.003, "weight_decay": 0.0001, "eps": 1e-08
+    }  # fmt: skip
+    assert cfg.load(toy, ["task_args.width=2e1"]).data["task_args"]["width"] == 20.0
+    assert cfg.load(toy, ["task_args.pause_dir=v1e3"]).data["task_args"]["pause_dir"] == "v1e3"
 
 
 # -- through the real command line: exit 2, one line, nothing on disk ----------------------

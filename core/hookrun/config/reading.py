@@ -5,6 +5,7 @@ overrides applied to it. Every reason is one line naming the file and line, or t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,15 @@ class _BoundedLoader(yaml.SafeLoader):
             _check_keys(node)
         self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in children)
         return node
+
+
+# YAML 1.2 reads ``1e-3`` as a number; PyYAML follows YAML 1.1, whose floats need a dot
+# (``1.0e-3``) and which reads ``1e-3`` as text. Config files are read the 1.2 way.
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def _check_keys(node: yaml.MappingNode) -> None:

@@ -276,8 +276,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
             not training
             or self.stopped
             or not self.settings.save_on_exception
-            or isinstance(exception, CheckpointError)
-            or isinstance(exception, HookrunError)
+            or isinstance(exception, (CheckpointError, HookrunError))
             or runner.world_size > 1  # the other ranks are not here to gather their state
         ):
             return
