@@ -58,7 +58,6 @@ def test_the_logger_interval_alone_sets_the_reports(tmp_path):
     assert "train/loss" in tags and "train/eta" not in tags
 
 
-
 def test_the_logger_interval_sets_the_reports_in_python_too(tmp_path):
     """The Runner takes the same default as a config file: no ``log_interval`` given, the
     logger's ``interval`` is the core's; given both, each keeps its own."""
@@ -71,6 +70,7 @@ def test_the_logger_interval_sets_the_reports_in_python_too(tmp_path):
     both = Runner(**toy_runner_kwargs(tmp_path / "b", plugins=plugins, log_interval=1))
     assert both.log_interval == 1
     assert Runner(**toy_runner_kwargs(tmp_path / "c", plugins={"logger": {}})).log_interval == 10
+
 
 def test_a_console_interval_a_multiple_of_the_log_interval(tmp_path):
     work = tmp_path / "run"

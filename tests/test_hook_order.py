@@ -79,7 +79,6 @@ def test_val_interval_and_last_epoch(tmp_path):
     assert val_epochs == [2, 4, 5]  # completed-epoch counts: after epochs 2, 4 and the last
 
 
-
 class EpochQuestions:
     """Records what the epoch helpers answer at each epoch's end and its validation."""
 
@@ -110,6 +109,7 @@ def test_epoch_helpers_answer_for_the_epoch_validated(tmp_path):
         for epoch in range(3)
         for hook in ("after_train_epoch", "after_val_epoch")
     ]
+
 
 def test_iteration_based_run(tmp_path):
     rec = Recorder()

@@ -458,7 +458,6 @@ def test_every_kind_of_batch_is_moved_to_the_device() -> None:
     assert moved["list"][0].is_meta and moved["list"][1][0].is_meta and moved["n"] == 3
 
 
-
 def test_mappings_keep_their_kind_when_moved() -> None:
     """A defaultdict keeps its factory, an OrderedDict its order, a read-only mapping its
     class: the step receives the kind the loader yielded."""
@@ -472,6 +471,7 @@ def test_mappings_keep_their_kind_when_moved() -> None:
     assert ordered["a"].is_meta
     frozen = to_device(types.MappingProxyType({"x": t}), meta)
     assert frozen["x"].is_meta
+
 
 # -- bad input from the CLI: one line, exit 2, nothing written ---------------------------
 
