@@ -91,10 +91,12 @@ def build(folder, at=-1, action="", workers=0, persistent=False, stall_after=Non
 '''
 
 
-def write_task(folder: Path, epochs: int | None, runner: str = "", **task_args: object) -> Path:
+def write_task(
+    folder: Path, epochs: int | None, runner: str = "writers: []", **task_args: object
+) -> Path:
     """``stoptask.py`` and a config training it for ``epochs`` epochs of 16 iterations in
     ``folder`` (None: ``runner`` says how long); ``runner`` adds runner settings (YAML
-    flow-mapping entries)."""
+    flow-mapping entries; no writers unless it names them)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "stoptask.py").write_text(TASK)
     args = ", ".join(
@@ -105,7 +107,7 @@ def write_task(folder: Path, epochs: int | None, runner: str = "", **task_args: 
     config.write_text(
         "task: stoptask.py:build\n"
         f"task_args: {{{args}}}\n"
-        f"runner: {{{length}device: cpu, writers: [], {runner}}}\n"
+        f"runner: {{{length}device: cpu, {runner}}}\n"
         "plugins: {}\n"
     )
     return config
@@ -183,7 +185,7 @@ def test_a_loader_worker_stuck_in_a_fetch_when_the_run_ends_does_not_keep_it_ali
     config = write_task(
         tmp_path,
         epochs=None,
-        runner="max_iters: 6",
+        runner="max_iters: 6, writers: []",
         workers=2,
         persistent=True,
         stall_after=12,
@@ -204,7 +206,9 @@ def test_sigterm_to_a_process_stuck_in_an_iteration_ends_it_after_dist_timeout(
     """A step or hook that never returns (spinning in Python, or in a C call) never reaches
     the iteration boundary where the stop would save: the process ends by the signal once
     ``dist_timeout`` passed without an iteration, with one line saying why."""
-    config = write_task(tmp_path, epochs=50, runner="dist_timeout: 3", at=2, action=action)
+    config = write_task(
+        tmp_path, epochs=50, runner="dist_timeout: 3, writers: []", at=2, action=action
+    )
     proc = start_train(config)
     try:
         wait_for(tmp_path / "reached", proc)
@@ -236,8 +240,10 @@ def test_a_run_cut_short_by_a_signal_started_ignored_ends_by_it(
 ) -> None:
     """The signal is in ``stop_signals``, so it stops the run (a save, "stopping") even
     though the process started with it ignored; the process then ends by that signal (130,
-    143), not with 0 after 5 of 6,400 iterations."""
-    config = write_task(tmp_path, epochs=400, at=4, action=name)
+    143), not with 0 after 5 of 6,400 iterations. The default writers close on the way
+    (TensorBoard's run status for a stopped run once ended it with a traceback, exit 1)."""
+    writers = "writers: [jsonl, tensorboard], log_interval: 2"  # a report before the stop
+    config = write_task(tmp_path, epochs=400, runner=writers, at=4, action=name)
     proc = forked.run(
         ["sh", "-c", shell, *hookrun_train(config)],
         env=isolated_env(),

@@ -210,6 +210,28 @@ def test_writers_finish_with_the_run_status_and_keep_their_state(tmp_path):
     assert stopped.ends == ["killed"]
 
 
+
+@pytest.mark.parametrize(
+    ("status", "shown"),
+    [("finished", "STATUS_SUCCESS"), ("failed", "STATUS_FAILURE"), ("killed", "STATUS_UNKNOWN")],
+)
+def test_tensorboard_shows_how_the_run_ended(tmp_path, status, shown):
+    """The HParams session ends with the run's status, read back by TensorBoard; a run a
+    stop signal ended (to be resumed) is unknown: TensorBoard has no "stopped"."""
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+
+    from hookrun.writers.tensorboard import TensorBoardWriter
+
+    writer = TensorBoardWriter(tmp_path)
+    writer.write_config({"runner": {"max_epochs": 2}})
+    writer.write_scalars({"val/loss": 0.5}, step=4)
+    writer.finish(status)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    content = events.PluginTagToContent("hparams")["_hparams_/session_end_info"]
+    end = plugin_data_pb2.HParamsPluginData.FromString(content).session_end_info
+    assert api_pb2.Status.Name(end.status) == shown
+
 def test_a_tracker_writer_not_installed_names_its_folder_in_the_repository(monkeypatch):
     """Run from a clone, a writer whose ``writers/hookrun-<name>`` folder is beside the core
     names that folder; the folders are also the names a misspelling is matched against."""

@@ -151,13 +151,14 @@ def hparam_values(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]
 
 def _with_status(summaries: tuple[Any, Any, Any], status: str) -> tuple[Any, Any, Any]:
     """tensorboardX's HParams summaries with the session's end status set from the run's
-    (it always writes success)."""
+    (it always writes success). TensorBoard's statuses have no "stopped": a run a stop
+    signal ended, to be resumed, is neither a success nor a failure, so it is unknown."""
     from tensorboardX.proto.api_pb2 import Status
     from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
 
     end = summaries[2].value[0].metadata.plugin_data
     data = HParamsPluginData.FromString(end.content)
-    code = {"finished": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "killed": "STATUS_ABORTED"}
+    code = {"finished": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "killed": "STATUS_UNKNOWN"}
     data.session_end_info.status = Status.Value(code[status])
     end.content = data.SerializeToString()
     return summaries
