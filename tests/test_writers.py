@@ -210,7 +210,6 @@ def test_writers_finish_with_the_run_status_and_keep_their_state(tmp_path):
     assert stopped.ends == ["killed"]
 
 
-
 @pytest.mark.parametrize(
     ("status", "shown"),
     [("finished", "STATUS_SUCCESS"), ("failed", "STATUS_FAILURE"), ("killed", "STATUS_UNKNOWN")],
@@ -231,6 +230,7 @@ def test_tensorboard_shows_how_the_run_ended(tmp_path, status, shown):
     content = events.PluginTagToContent("hparams")["_hparams_/session_end_info"]
     end = plugin_data_pb2.HParamsPluginData.FromString(content).session_end_info
     assert api_pb2.Status.Name(end.status) == shown
+
 
 def test_a_tracker_writer_not_installed_names_its_folder_in_the_repository(monkeypatch):
     """Run from a clone, a writer whose ``writers/hookrun-<name>`` folder is beside the core
