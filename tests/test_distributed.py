@@ -378,3 +378,26 @@ def test_a_missing_resume_path_on_rank_1_ends_every_rank_with_exit_2(tmp_path):
         f"[rank 0] stopped: rank 1 failed: --resume: file not found: {missing}"
     )
     assert not work.exists()
+
+
+def test_a_save_inside_an_accumulation_group_resumes_under_ddp(tmp_path):
+    """The ranks' partial gradients differ: the checkpoint keeps their mean, which every
+    rank takes back; the group's step averages over the ranks, so the resumed run ends
+    where the uninterrupted one did (up to the order of the additions)."""
+    job = Path(__file__).parent / "jobs" / "accum_job.py"
+    inside = tmp_path / "inside.pt"
+    runs = {}
+    for name, extra in (
+        ("whole", ["--save-at", "2", str(inside)]),
+        ("resumed", ["--resume", str(inside)]),
+    ):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node=2", str(job), str(tmp_path / name), *extra]  # fmt: skip
+        env = {**os.environ, "HOOKRUN_PLUGINS_AUTOLOAD": "0", "OMP_NUM_THREADS": "1"}
+        proc = forked.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = torch.load(tmp_path / name / "final.pt", weights_only=True)
+    saved = torch.load(inside, weights_only=True)["accumulation"]["grads"]
+    assert set(saved) == set(runs["whole"])  # every parameter's partial gradient
+    for key, value in runs["whole"].items():
+        torch.testing.assert_close(runs["resumed"][key], value, rtol=1e-5, atol=1e-6)

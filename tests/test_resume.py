@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hookrun import Runner
+from hookrun import Runner, hookimpl
 from hookrun.errors import CheckpointMismatchError
 from hookrun.testing import (
     assert_same_checkpoint,
@@ -80,3 +80,55 @@ def test_resume_from_missing_path_is_a_clear_error(tmp_path):
     runner = Runner(**toy_runner_kwargs(tmp_path))
     with pytest.raises(CheckpointMismatchError, match="checkpoint not found: .*nope.pt"):
         runner.train(resume=tmp_path / "nope.pt")
+
+
+class SaveInsideGroup:
+    """Saves ``runner.save_checkpoint`` at one hook point of one iteration: inside an
+    accumulation group, where the group's gradients so far are not in the weights yet."""
+
+    def __init__(self, hook: str, at: int, path: Path) -> None:
+        self.hook, self.at, self.path = hook, at, path
+
+    def save(self, runner: Runner) -> None:
+        if runner.iter == self.at:
+            runner.save_checkpoint(self.path)
+
+    @hookimpl
+    def before_train_iter(self, runner: Runner) -> None:
+        if self.hook == "before_train_iter":
+            self.save(runner)
+
+    @hookimpl
+    def after_train_iter(self, runner: Runner) -> None:
+        if self.hook == "after_train_iter":
+            self.save(runner)
+
+
+@pytest.mark.parametrize(
+    ("hook", "at"),
+    [("after_train_iter", 0), ("before_train_iter", 1), ("after_train_iter", 3)],
+)
+def test_a_save_inside_an_accumulation_group_resumes_bit_identical(tmp_path, hook, at):
+    """DESIGN §3: a checkpoint taken inside a group keeps its partial gradients. Groups of
+    2 over epochs of 3 batches; saved after the group's first batch (or before its second),
+    resumed in a new Runner, the run ends with the uninterrupted run's weights, bit for bit."""
+    path = tmp_path / "inside.pt"
+    saver = SaveInsideGroup(hook, at, path)
+    kwargs = toy_runner_kwargs(tmp_path / "whole", grad_accum=2, hooks=[saver], max_epochs=3)
+    whole = Runner(**kwargs)
+    whole.train()
+    assert "accumulation" in torch.load(path, weights_only=True)
+    resumed = Runner(**toy_runner_kwargs(tmp_path / "resumed", grad_accum=2, max_epochs=3))
+    resumed.train(resume=path)
+    for name, value in whole.unwrapped_model.state_dict().items():
+        assert torch.equal(value, resumed.unwrapped_model.state_dict()[name]), name
+
+
+def test_a_save_at_a_group_boundary_holds_no_gradients(tmp_path):
+    """After the group's step there is nothing partial to keep: the file stays as it was."""
+    path = tmp_path / "boundary.pt"
+    kwargs = toy_runner_kwargs(
+        tmp_path, grad_accum=2, hooks=[SaveInsideGroup("after_train_iter", 1, path)]
+    )
+    Runner(**kwargs).train()
+    assert "accumulation" not in torch.load(path, weights_only=True)

@@ -37,6 +37,10 @@ class Checkpointable(Protocol):
     """The open writers, whose states (a tracker's run id) a checkpoint keeps."""
     hooks: Any
     """Every hook point's caller (``after_load_checkpoint``)."""
+    grad_accum: int
+    """Batches per accumulation group (a checkpoint inside one keeps its gradients)."""
+    optimizer_step: Any
+    """The step the loop calls; its ``items`` are the open group's items so far."""
 
     @property
     def optimizer(self) -> Any: ...
@@ -58,6 +62,10 @@ class Checkpointable(Protocol):
 
     @property
     def strategy(self) -> str: ...
+
+    @property
+    def device(self) -> Any:
+        """The run's device (a ``torch.device``)."""
 
     @property
     def by_epoch(self) -> bool: ...

@@ -17,6 +17,7 @@ from typing import Any
 
 from hookrun.checkpoint import files as ckpt_io
 from hookrun.checkpoint import random_state
+from hookrun.checkpoint.accumulation import partial_gradients, restore_partial_gradients
 from hookrun.checkpoint.checkpointable import Checkpointable
 from hookrun.checkpoint.storage import URL
 from hookrun.config.schedule import continue_schedule, scheduler_entries
@@ -74,6 +75,9 @@ def collect(runner: Checkpointable, save_optimizer: bool = True) -> dict[str, An
     writers = writer_states(runner.writers)  # rank 0's trackers: their run ids, for resume
     if writers:
         state["writers"] = writers
+    partial = partial_gradients(runner)  # taken inside an accumulation group: its gradients
+    if partial is not None:
+        state["accumulation"] = partial
     return state
 
 
@@ -110,6 +114,8 @@ def restore(runner: Checkpointable, checkpoint: dict[str, Any], resume: bool) ->
             runner.optimizers[name].load_state_dict(saved_state)
     if runner.scaler is not None and "scaler" in checkpoint:
         runner.scaler.load_state_dict(checkpoint["scaler"])
+    if isinstance(checkpoint.get("accumulation"), dict):
+        restore_partial_gradients(runner, checkpoint["accumulation"])
     runner.position = LoopPosition.from_state(checkpoint["loop"])
     ranks = checkpoint.get("rng_ranks") or [checkpoint["rng"]]
     if len(ranks) != runner.world_size:
