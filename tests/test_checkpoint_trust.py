@@ -427,3 +427,40 @@ def test_load_errors_are_one_line(tmp_path):
         "Trying to load unsupported GLOBAL posix.system whose module posix is blocked)"
     ]
     assert not (tmp_path / "PWNED").exists()
+
+
+# -- files the checkpoint plugin did not write -----------------------------------------------
+
+
+def test_the_checkpoint_plugin_deletes_and_replaces_only_files_hookrun_wrote_there(
+    tmp_path, capsys
+):
+    """In a work dir, rotation deletes a file its record releases only when hookrun's record
+    of the work dir lists it, and a save never replaces a file it does not list; outside
+    every work dir held (no record to ask) the plugin's own record decides, as on a store."""
+    from hookrun_checkpoint.storage import LocalStorage
+    from hookrun_checkpoint.writing import refuse_overwrite, write_files
+
+    from hookrun.engine import workdir_hold
+
+    work = tmp_path / "run"
+    folder = work / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "epoch_1.pt").write_text("my notes")  # yours, named like a checkpoint
+    storage = LocalStorage(folder)
+
+    def write(state: Any, path: Path) -> None:
+        ckpt_io.atomic_write_text(state, path)
+
+    with workdir_hold.hold(work):
+        write_files(storage, write, "2", ["epoch_2.pt"], [])
+        with pytest.raises(HookrunError, match=f"will not write over {folder / 'epoch_1.pt'}"):
+            refuse_overwrite(storage, ["epoch_1.pt"])
+        refuse_overwrite(storage, ["epoch_2.pt"])  # its own: replaced as before
+        write_files(storage, write, "3", ["epoch_3.pt"], ["epoch_1.pt", "epoch_2.pt"])
+    assert (folder / "epoch_1.pt").read_text() == "my notes"
+    assert not (folder / "epoch_2.pt").exists()
+    assert f"keeping {folder / 'epoch_1.pt'}: hookrun did not write it" in capsys.readouterr().err
+
+    write_files(storage, write, "4", ["epoch_4.pt"], ["epoch_3.pt"])  # no work dir held
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch_1.pt", "epoch_4.pt", "latest"]

@@ -200,6 +200,28 @@ def test_a_work_dir_that_is_a_file_is_refused(tmp_path):
         pass
 
 
+@pytest.mark.parametrize("below", [False, True])
+def test_a_checkpoint_out_dir_that_is_a_file_is_refused_up_front(toy, tmp_path, below):
+    """``plugins.checkpoint.out_dir`` naming a file, or a folder below one, is checked as
+    ``runner.work_dir`` is: one line naming the setting from ``config validate`` and from
+    ``train``, before anything trains or is created."""
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    out_dir = afile / "ck" if below else afile
+    setting = ("--set", f"plugins.checkpoint.out_dir={out_dir}")
+    expected = (
+        f"plugins.checkpoint.out_dir: cannot create {out_dir}: {afile} is a file, not a folder"
+        if below
+        else f"plugins.checkpoint.out_dir: {afile} exists and is not a folder"
+    )
+    checked = hookrun("config", "validate", toy, *setting)
+    assert checked.returncode == 2 and checked.stderr.strip() == expected, checked.stderr
+    work = tmp_path / "run"
+    done = hookrun("train", toy, "--work-dir", work, *setting)
+    assert done.returncode == 2 and done.stderr.strip() == expected, done.stderr
+    assert not work.exists() and afile.read_text() == "mine"
+
+
 # -- fresh, failed start, trained ----------------------------------------------------------
 
 
@@ -335,3 +357,86 @@ def test_writers_are_given_the_run_s_checkpoint_folder(tmp_path):
     runner.train()
     assert recorder.seen == runner.checkpoint_dir == tmp_path / "elsewhere"
     assert (tmp_path / "elsewhere" / "epoch_2.pt").is_file()
+
+
+# -- files of yours in a work dir ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "log.jsonl"])
+@pytest.mark.parametrize("resume", [None, "auto"])
+def test_a_start_never_writes_over_a_file_hookrun_did_not_write(toy, tmp_path, name, resume):
+    """``work_dir: .`` in a folder holding your own commented ``config.yaml`` (the config
+    run, here): refused in one line naming the file, before anything is written, with or
+    without ``--resume auto`` (which finds nothing to continue: a fresh start)."""
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "toytask.py").write_text((toy.parent / "toytask.py").read_text())
+    mine = work / name
+    text = "# my own, with comments\n" + toy.read_text()
+    mine.write_text(text if name == "config.yaml" else '{"note": "my own log"}\n')
+    config = work / "config.yaml" if name == "config.yaml" else toy
+    before = snapshot(work)
+    args = ("--resume", resume) if resume else ()
+    done = hookrun("train", config, "--work-dir", work, *args)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"{mine} exists and is not a file hookrun wrote (.hookrun.files does not list it); "
+        "this run would write over it: move it away, or use another --work-dir"
+    )
+    assert snapshot(work) == before  # no lock file left either
+
+
+def test_resuming_another_run_s_checkpoint_into_a_used_work_dir_is_refused(toy, tmp_path, capsys):
+    """An explicit ``--resume PATH`` from outside the work dir continues only where no run
+    is: a folder holding files named like checkpoints that hookrun did not write, or another
+    run, is left as it was; an empty one takes it, and the source run is not touched."""
+    done, other = tmp_path / "done", tmp_path / "other"
+    for work, seed in ((done, 0), (other, 7)):
+        code, _, err = run_cli(
+            capsys, "train", toy, "--work-dir", work, "--set", f"runner.seed={seed}"
+        )
+        assert code == 0, err
+    source = done / "checkpoints" / "epoch_1.pt"
+    yours = tmp_path / "yours"
+    (yours / "checkpoints").mkdir(parents=True)
+    (yours / "checkpoints" / "epoch_1.pt").write_text("my notes")
+    (yours / "checkpoints" / "best_loss.pt").write_text("my notes 2")
+    kept = snapshot(done)
+    longer = ("--set", "runner.max_epochs=4", "--set", "plugins.checkpoint.max_keep=1")
+    for work in (yours, other):
+        before = snapshot(work)
+        refused = hookrun("train", toy, "--work-dir", work, "--resume", source, *longer)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.strip() == (
+            f"--resume {source}: a checkpoint from outside work dir {work} continues only in "
+            f"a work dir that holds no run, so that it trains over none: work dir {work} "
+            "already holds a run; continue it with `--resume auto`, or start a new one with "
+            "another `--work-dir` (or delete the folder)"
+        )
+        assert snapshot(work) == before
+    fresh = tmp_path / "fresh"
+    resumed = hookrun("train", toy, "--work-dir", fresh, "--resume", source, *longer)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {source} at iteration 4" in resumed.stdout
+    assert sorted(p.name for p in (fresh / "checkpoints").iterdir()) == ["epoch_4.pt", "latest"]
+    assert snapshot(done) == kept
+
+
+def test_a_checkpoint_file_hookrun_did_not_write_is_never_written_over(toy, tmp_path, capsys):
+    """A file of yours named like the next checkpoint in the run's own folder: the resume
+    skips it, and the save that would replace it is refused in one line; the file stays."""
+    work = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", toy, "--work-dir", work)
+    assert code == 0, err
+    mine = work / "checkpoints" / "epoch_3.pt"
+    mine.write_text("my notes")
+    done = hookrun(
+        "train", toy, "--work-dir", work, "--resume", "auto", "--set", "runner.max_epochs=3"
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"checkpoint: will not write over {mine}: hookrun did not write it (.hookrun.files "
+        "does not list it); move it away and resume with `--resume auto`"
+    )
+    assert mine.read_text() == "my notes"
+    assert (work / "checkpoints" / "latest").read_text() == "epoch_2.pt\n"

@@ -62,6 +62,7 @@ _EXPORTS = {
     "already_sharded": "hookrun.data.sharding",
     "checkpoint_state_file": "hookrun.checkpoint.files",
     "remove_checkpoint": "hookrun.checkpoint.files",
+    "created_by_hookrun": "hookrun.engine.workdir_hold",
     "URL": "hookrun.checkpoint.storage",
     "location": "hookrun.checkpoint.storage",
     "url_problem": "hookrun.checkpoint.storage",
@@ -111,6 +112,7 @@ if TYPE_CHECKING:
     from hookrun.engine.scalars import ScalarStore as ScalarStore
     from hookrun.engine.swaps import SwapStack as SwapStack
     from hookrun.engine.swaps import swap_stack as swap_stack
+    from hookrun.engine.workdir_hold import created_by_hookrun as created_by_hookrun
     from hookrun.errors import CheckpointError as CheckpointError
     from hookrun.errors import CheckpointMismatchError as CheckpointMismatchError
     from hookrun.errors import ConfigError as ConfigError

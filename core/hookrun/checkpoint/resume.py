@@ -26,13 +26,21 @@ from hookrun.engine.position import LoopPosition
 from hookrun.errors import CheckpointMismatchError, ConfigError, HookrunError, first_line
 
 
-def check_start(runner: Checkpointable, resume: str | Path | URL | None) -> list[Path]:
+def check_start(
+    runner: Checkpointable, resume: str | Path | URL | None, writes: Iterable[str] = ()
+) -> list[Path]:
     """Every check that can refuse ``runner.train(resume)``, run before anything of the run
     is written (the CLI asks before it writes ``config.yaml``, ``Runner.train`` before its
     writers open): a train loader without batches; without ``resume``, a work dir that
     holds a run (:func:`check_unused`, in the default checkpoint folder and the run's); an
-    explicit checkpoint that does not fit; under ``"auto"``, checkpoints of which none can
-    continue the run; a checkpoint URL whose storage does not answer, or one under FSDP.
+    explicit checkpoint that does not fit, and one from outside the work dir and its
+    checkpoint folder into a work dir that holds a run (another run's: :func:`check_unused`
+    too); under ``"auto"``, checkpoints of which none can continue the run; a checkpoint URL
+    whose storage does not answer, or one under FSDP. A start that is not the continuation
+    of the work dir's own run is refused where a file it would write (the
+    :data:`~hookrun.engine.workdir.RUN_FILES`, the ``writes`` names, leftovers in the
+    checkpoint folders) exists and hookrun did not write it
+    (:func:`hookrun.engine.workdir.refuse_foreign`).
     Returns the leftovers of a start that never completed an iteration (for
     :func:`hookrun.engine.workdir.start_over`). Changes nothing."""
     loader = runner.train_loader
@@ -40,17 +48,41 @@ def check_start(runner: Checkpointable, resume: str | Path | URL | None) -> list
         raise ConfigError("train_dataloader: yields no batches")
     if runner.strategy == "fsdp" and isinstance(runner.checkpoint_dir, URL):
         raise ConfigError(f"plugins.checkpoint.out_dir: {runner.checkpoint_dir}: {SHARDED_LOCAL}")
-    if resume is None:
-        folders = [runner.work_dir / workdir.CHECKPOINTS, runner.checkpoint_dir]
-        return check_unused(runner.work_dir, folders)
+    work_dir = runner.work_dir
+    folders = [work_dir / workdir.CHECKPOINTS, runner.checkpoint_dir]
     if str(resume) == "auto":
         survey = _Survey()
         for _ in resume_candidates(runner, survey):
-            return []
+            return []  # the work dir's own run continues
         survey.raise_when_refused()
-    else:
-        check_fit(runner, location(resume), resume=True, mmap=True)
-    return []
+        workdir.refuse_foreign(work_dir, workdir.run_files(work_dir, writes))  # fresh
+        return []
+    if resume is not None:
+        path = location(resume)
+        check_fit(runner, path, resume=True, mmap=True)
+        if _own_checkpoint(path, work_dir, runner.checkpoint_dir):
+            return []
+    try:
+        leftovers = check_unused(work_dir, folders)
+    except HookrunError as exc:
+        if resume is None:
+            raise
+        raise HookrunError(
+            f"--resume {resume}: a checkpoint from outside work dir {work_dir} continues only "
+            f"in a work dir that holds no run, so that it trains over none: {first_line(exc)}"
+        ) from None
+    in_folders = [p for p in leftovers if p.parent in folders]
+    workdir.refuse_foreign(work_dir, [*workdir.run_files(work_dir, writes), *in_folders])
+    return leftovers
+
+
+def _own_checkpoint(path: Path | URL, work_dir: Path, folder: Path | URL) -> bool:
+    """Whether ``path`` is the work dir's own: inside ``work_dir`` or directly in the run's
+    checkpoint ``folder`` (a URL's too)."""
+    if isinstance(path, URL) or isinstance(folder, URL):
+        return isinstance(path, URL) and path.parent == folder
+    real = path.resolve()
+    return real.is_relative_to(work_dir.resolve()) or real.parent == folder.resolve()
 
 
 def check_fit(

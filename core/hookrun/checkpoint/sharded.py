@@ -45,6 +45,7 @@ from hookrun.checkpoint import files as ckpt_io
 from hookrun.distributed import collectives
 from hookrun.distributed.fsdp import is_dtensor
 from hookrun.engine.optimizer_step import SINGLE
+from hookrun.engine.workdir_hold import record_created
 from hookrun.errors import CheckpointError, CheckpointMismatchError
 
 if TYPE_CHECKING:
@@ -192,6 +193,7 @@ def _swap(partial: Path, path: Path) -> None:
     aside first and deleted after (a crash in between leaves ``.<name>.old``, loadable)."""
     old = path.parent / f".{path.name}.old"
     shutil.rmtree(old, ignore_errors=True)
+    existed = os.path.lexists(path)
     if path.is_dir():
         path.rename(old)
     elif path.exists():
@@ -202,6 +204,8 @@ def _swap(partial: Path, path: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         old.unlink(missing_ok=True)
+    if not existed:
+        record_created(path)  # the folder, as a file is: in the manifest of the work dir held
 
 
 def load(path: Path) -> dict[str, Any]:

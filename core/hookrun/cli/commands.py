@@ -169,7 +169,7 @@ def _train(
         with (
             process_group.errors_agreed()
         ):  # every check that can refuse, before anything is written
-            run_resume.check_start(runner, resume)
+            run_resume.check_start(runner, resume, writes=[workdir.CONFIG_NAME])
         collectives.barrier()  # every rank checked the work dir before rank 0 writes into it
         if runner.is_main:
             workdir.clear_finished(out)

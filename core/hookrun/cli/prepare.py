@@ -56,15 +56,17 @@ def load_everywhere(
 
 def check_fresh_work_dir(loaded: LoadedConfig) -> None:
     """Refuse a work dir that holds a run (:func:`hookrun.checkpoint.resume.check_unused`, the rule
-    ``Runner.train`` applies too), before the task is built: the plugins the config selects
-    are made from their settings alone to ask where the run's checkpoints go
-    (:func:`hookrun.engine.workdir.checkpoint_dirs`)."""
+    ``Runner.train`` applies too), or a file the run would write over that hookrun did not
+    write (:func:`hookrun.engine.workdir.refuse_foreign`), before the task is built: the
+    plugins the config selects are made from their settings alone to ask where the run's
+    checkpoints go (:func:`hookrun.engine.workdir.checkpoint_dirs`)."""
     from hookrun.checkpoint.resume import check_unused
-    from hookrun.engine.workdir import checkpoint_dirs
+    from hookrun.engine.workdir import CONFIG_NAME, checkpoint_dirs, refuse_foreign, run_files
     from hookrun.hooks.manager import PluginManager
 
     plugins = PluginManager(loaded.data["plugins"]).plugins.values()
     check_unused(loaded.work_dir, checkpoint_dirs(loaded.work_dir, plugins))
+    refuse_foreign(loaded.work_dir, run_files(loaded.work_dir, [CONFIG_NAME]))
 
 
 def build_runner(
@@ -94,8 +96,9 @@ def build_runner(
 def save_resolved_config(loaded: LoadedConfig) -> None:
     """``<work_dir>/config.yaml``: the config as run, paths absolute (rank 0 only)."""
     from hookrun.checkpoint.files import atomic_write_text
+    from hookrun.engine.workdir import CONFIG_NAME
 
     out = loaded.work_dir
     out.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(loaded.resolved(), sort_keys=False)
-    atomic_write_text("# resolved by `hookrun train`\n" + text, out / "config.yaml")
+    atomic_write_text("# resolved by `hookrun train`\n" + text, out / CONFIG_NAME)

@@ -136,6 +136,7 @@ def _checked(raw: dict[str, Any], path: Path) -> tuple[list[str], Any]:
     if config is not None:
         errors += device_errors(config.runner)
         errors += work_dir_errors(config.runner.work_dir)
+        errors += checkpoint_dir_errors(manager, config.runner.work_dir)
     if not refused & {("runner", "scheduler_interval"), ("scheduler", "interval")}:
         errors += _interval_errors(raw.get("scheduler"), runner)
     if config is not None:
@@ -169,6 +170,26 @@ def device_errors(runner: RunnerConfig) -> list[str]:
 def work_dir_errors(work_dir: str) -> list[str]:
     """Whether the run can create and write its folder (:func:`place_errors`)."""
     return place_errors("runner.work_dir", work_dir, folder=True)
+
+
+def checkpoint_dir_errors(manager: Any, work_dir: str) -> list[str]:
+    """Whether the run can create and write the local folder the first plugin that declares
+    one keeps the checkpoints in (:meth:`hookrun.Plugin.checkpoint_dir`, a folder inside
+    ``work_dir`` when relative), as the work dir is checked: a file there, or on the way, is
+    found before anything trains. The line names the plugin's setting
+    (:attr:`hookrun.Plugin.checkpoint_dir_setting`). A URL's storage is not asked here."""
+    if manager is None:
+        return []
+    for plugin in manager.plugins.values():
+        folder = plugin.checkpoint_dir(Path(work_dir))
+        if folder is None:
+            continue
+        if not isinstance(folder, Path):
+            return []
+        setting = plugin.checkpoint_dir_setting
+        where = f"plugins.{plugin.name}" + (f".{setting}" if setting else "")
+        return place_errors(where, folder, folder=True)
+    return []
 
 
 def place_errors(where: str, path: str | Path, folder: bool) -> list[str]:

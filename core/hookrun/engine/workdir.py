@@ -5,6 +5,9 @@
   leftovers it can prove hookrun wrote (:func:`start_over`, from the record
   :mod:`hookrun.engine.workdir_hold` keeps). The lock that keeps one run at a time in a
   work dir is that module's too; how files there are opened, :mod:`hookrun.engine.workdir_files`'.
+- :func:`refuse_foreign`: a run never writes over a file of the work dir that hookrun did not
+  write (the user's own ``config.yaml`` in ``work_dir: .``); what hookrun wrote there is what
+  its record lists.
 - :func:`checkpoint_dirs`: where a run's checkpoints are (``<work_dir>/checkpoints`` unless
   a plugin declares another folder); the Runner keeps the answer as ``runner.checkpoint_dir``.
   Checkpoints may go to an object store (:class:`hookrun.checkpoint.storage.URL`); the work
@@ -23,19 +26,24 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat as stat_mode
 import struct
 from collections.abc import Iterable
 from pathlib import Path
 
 from hookrun.checkpoint.storage import URL, location
 from hookrun.engine.position import LoopPosition
-from hookrun.engine.workdir_files import open_regular
-from hookrun.engine.workdir_hold import recorded
+from hookrun.engine.workdir_files import file_kind, open_regular
+from hookrun.engine.workdir_hold import MANIFEST_NAME, recorded
 from hookrun.errors import HookrunError
 
 FINISHED_NAME = ".hookrun.finished"  # the final position of a run that completed
 CHECKPOINTS = "checkpoints"
 """The run's checkpoint folder in its work dir, unless a plugin declares another."""
+CONFIG_NAME = "config.yaml"  # the resolved config `hookrun train` saves
+RUN_FILES = ("log.jsonl", FINISHED_NAME)
+"""Files a run creates under fixed names in its work dir (``hookrun train`` adds
+:data:`CONFIG_NAME`); the lock and the record are hookrun's own names."""
 
 
 def refuse_trained(work_dir: Path, in_checkpoints: list[Path] | None) -> list[Path]:
@@ -108,6 +116,35 @@ def start_over(work_dir: Path, leftovers: list[Path]) -> str | None:
     if left:
         line += f" (left {_names(work_dir, left)}: not recorded as written by hookrun)"
     return line
+
+
+def refuse_foreign(work_dir: Path, paths: Iterable[Path]) -> None:
+    """Refuse the start when one of ``paths`` (files the run is about to create or write over
+    in ``work_dir``) exists and hookrun's record of the work dir does not list it: a file
+    hookrun did not write is never written over (``work_dir: .`` in a folder holding your
+    own ``config.yaml``). A link or other non-file at such a name counts as such a file.
+    Changes nothing."""
+    own = recorded(work_dir)
+    for path in paths:
+        if os.path.lexists(path) and path not in own:
+            mode = path.lstat().st_mode
+            kind = (
+                "a symbolic link"
+                if stat_mode.S_ISLNK(mode)
+                else None
+                if stat_mode.S_ISREG(mode)
+                else file_kind(mode)
+            )
+            raise HookrunError(
+                f"{path} exists{f' ({kind})' if kind else ''} and is not a file hookrun wrote "
+                f"({MANIFEST_NAME} does not list it); this run would write over it: move it "
+                "away, or use another --work-dir"
+            )
+
+
+def run_files(work_dir: Path, extra: Iterable[str] = ()) -> list[Path]:
+    """The paths of :data:`RUN_FILES` and ``extra`` names in ``work_dir``."""
+    return [work_dir / name for name in (*RUN_FILES, *extra)]
 
 
 def _names(work_dir: Path, paths: list[Path]) -> str:

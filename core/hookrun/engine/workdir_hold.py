@@ -3,7 +3,8 @@
 - :func:`hold`: an exclusive ``fcntl.flock`` on ``<work_dir>/.hookrun.lock`` for as long as a
   run trains (rank 0 only), with the holder's pid and host written into the file. The lock
   belongs to the process: it goes when the process ends, however it ends, so a file left
-  by a killed run never blocks. Re-entrant within a thread (the CLI takes it, then
+  by a killed run never blocks. A run refused before it wrote anything removes the lock file
+  it created. Re-entrant within a thread (the CLI takes it, then
   ``Runner.train`` takes it again); another thread of the same process is refused as another
   process is; forked children (DataLoader workers) drop their copy, so a worker that
   outlives a killed parent does not keep the work dir locked.
@@ -11,7 +12,8 @@
   through it (:func:`hookrun.engine.workdir_files.open_plain`: never through a link).
 - :func:`record_created`: every file hookrun creates in a work dir it holds is listed in
   ``<work_dir>/.hookrun.files``; hookrun removes only files listed there
-  (:func:`hookrun.engine.workdir.start_over`).
+  (:func:`hookrun.engine.workdir.start_over`), and :func:`created_by_hookrun` asks it for a
+  plugin (the checkpoint plugin deletes and replaces only files it lists).
 """
 
 from __future__ import annotations
@@ -99,12 +101,17 @@ def hold(
     while not os.path.lexists(folder) and folder.parent != folder:
         missing.append(folder)
         folder = folder.parent
+    fresh = not os.path.lexists(work_dir / LOCK_NAME)  # a folder of yours keeps no lock file
     key = _acquire(work_dir, hint, notice)
     try:
         yield
     except HookrunError:
-        if _release(key) and missing:
-            _remove_created(missing)
+        if _release(key):
+            if missing:
+                _remove_created(missing)
+            elif fresh:
+                with contextlib.suppress(OSError):
+                    (work_dir / LOCK_NAME).unlink()
         raise
     except BaseException:
         _release(key)
@@ -254,6 +261,23 @@ def record_created(path: str | Path) -> None:
             finally:
                 os.close(fd)
         return
+
+
+def created_by_hookrun(path: str | Path) -> bool | None:
+    """Whether hookrun's record of the work dir this process holds ``path`` in
+    (``<work_dir>/.hookrun.files``) lists it as a file hookrun created there; ``None`` when
+    ``path`` lies in no work dir this process holds (no record to ask: an object store, a
+    folder outside the work dir, a process that holds no work dir). A plugin deletes or
+    replaces a file in the work dir only when this is ``True``: never your own file because
+    its name looks like one of the plugin's."""
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    real = Path(folder, os.path.basename(path))
+    for entry in list(_held.copy().values()):
+        if os.path.commonpath([entry.work_dir, real]) != entry.work_dir:
+            continue
+        with _manifest_guard:  # not a line half-written by the background checkpoint thread
+            return real in recorded(Path(entry.work_dir))
+    return None
 
 
 def recorded(work_dir: Path) -> set[Path]:

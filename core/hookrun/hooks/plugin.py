@@ -71,6 +71,10 @@ class Plugin(Generic[SettingsT]):
     """The setting (an int) giving the iterations between the plugin's reports, if any: a
     run that sets it and not ``runner.log_interval`` (config file or ``Runner``) gets it as
     ``log_interval`` (one knob), and the two must divide (the logger's ``interval``)."""
+    checkpoint_dir_setting: ClassVar[str | None] = None
+    """The setting that names the folder :meth:`checkpoint_dir` returns, if any: the config
+    check names it (``plugins.checkpoint.out_dir: ... exists and is not a folder``) when that
+    folder cannot be created or written."""
     priority: int = Priority.NORMAL
     """Where it runs at every hook point (lower first); a config's ``priority:`` overrides it."""
     enabled_by_default: ClassVar[bool] = True

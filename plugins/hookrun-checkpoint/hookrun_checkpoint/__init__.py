@@ -6,7 +6,10 @@ Which files are kept, and why, is one record (``hookrun_checkpoint.ledger.Ledger
 kind of save proposes the next record, and after the file is complete, in this order, the
 ``latest`` pointer is replaced and the files the save took their last role from are deleted:
 a crash at any moment leaves ``latest`` naming a complete checkpoint. The record is stored in
-every checkpoint, so it survives a resume; nothing read from it is used as a path. Every file
+every checkpoint, so it survives a resume (from a checkpoint of this folder; one from
+elsewhere starts an empty record); nothing read from it is used as a path. In a work dir, a
+file is deleted or written over only when hookrun's record there lists it
+(``hookrun.created_by_hookrun``). Every file
 operation goes through one small interface (``hookrun_checkpoint.storage.Storage``).
 
 Best files: a new best must beat the score each existing ``best_*.pt`` file of the metric
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +48,7 @@ from hookrun import (
 )
 from hookrun_checkpoint.background import BackgroundWriter, HostCopy
 from hookrun_checkpoint.ledger import (
-    BEST,
     ROTATING,
-    TOP,
     Ledger,
     Rule,
     plain_name,
@@ -57,16 +57,10 @@ from hookrun_checkpoint.ledger import (
     survey,
 )
 from hookrun_checkpoint.settings import CheckpointSettings
-from hookrun_checkpoint.storage import (
-    PARTIAL,
-    TEMP,
-    FsspecStorage,
-    LocalStorage,
-    Storage,
-    Writer,
-)
+from hookrun_checkpoint.storage import FsspecStorage, LocalStorage, Storage
+from hookrun_checkpoint.writing import leftover, own_file, refuse_overwrite, write_files
 
-__all__ = ["Checkpoint", "CheckpointSettings", "HostCopy"]
+__all__ = ["Checkpoint", "CheckpointSettings", "HostCopy", "leftover", "own_file"]
 
 
 class Checkpoint(Plugin[CheckpointSettings]):
@@ -74,6 +68,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
 
     name = "checkpoint"
     Settings = CheckpointSettings
+    checkpoint_dir_setting = "out_dir"
     priority = Priority.VERY_LOW  # saves after every other plugin has updated its state
     enabled_by_default = True
 
@@ -138,13 +133,23 @@ class Checkpoint(Plugin[CheckpointSettings]):
         """Name what the checkpoint's bookkeeping held that is no file name, forget files
         that are gone or lie outside the folder, take each metric's best score from the best
         files themselves, and give the file this run resumed from its role in the record (the
-        file an earlier run resumed from loses it). Rank 0 looks at the folder; every rank
-        takes its answer."""
+        file an earlier run resumed from loses it). A record read from a checkpoint outside the
+        folder names that checkpoint's folder's files, not this one's: the record starts
+        empty (nothing here is deleted or ranked by it). Rank 0 looks at the folder; every
+        rank takes its answer."""
         self.training = True
         folder = self.storage.folder
         for what, why in self.ignored:
             runner.info(f"checkpoint: ignoring {what} from the checkpoint: {why} {folder}")
         self.ignored = []
+        resumed = runner.resumed_from
+        if resumed is not None and not self.storage.holds(resumed) and self.ledger.roles():
+            # its record names the files of the folder it came from, not of this one
+            runner.info(
+                f"checkpoint: resumed from outside {folder}: the files the checkpoint's "
+                "record keeps are its own folder's, so the record here starts empty"
+            )
+            self.ledger = Ledger()
         view = None
         if runner.is_main:
             view = survey(self.storage, self.ledger, self.settings.save_best, self.settings.rule)
@@ -154,7 +159,7 @@ class Checkpoint(Plugin[CheckpointSettings]):
         self.ledger, notices = view
         for line in notices:
             runner.info(line)
-        resumed, earlier = runner.resumed_from, self.ledger.resumed
+        earlier = self.ledger.resumed
         self.ledger.resumed = None
         if resumed is not None and self.storage.holds(resumed) and own_file(resumed.name):
             self.ledger.resumed = resumed.name
@@ -340,13 +345,15 @@ class Checkpoint(Plugin[CheckpointSettings]):
         if not (runner.is_main or runner.sharded_checkpoints):
             return
         storage, paths = self.storage, [self.storage.path(name) for name in names]
+        if runner.is_main:
+            refuse_overwrite(storage, names)
         if background:
             job = self.writer.host.copy(state)
             write = runner.write_checkpoint
-            self.writer.submit(lambda: _write(storage, write, job, names, delete), paths[0])
+            self.writer.submit(lambda: write_files(storage, write, job, names, delete), paths[0])
             runner.info(f"checkpoint: writing {', '.join(names)} in the background{note}")
         else:
-            _write(storage, runner.write_checkpoint, state, names, delete, runner.is_main)
+            write_files(storage, runner.write_checkpoint, state, names, delete, runner.is_main)
             runner.info(f"checkpoint: saved {', '.join(names)}{note}")
 
     def _wait(self) -> None:
@@ -380,45 +387,3 @@ class Checkpoint(Plugin[CheckpointSettings]):
             except ValueError as exc:
                 raise ConfigError(f"plugins.checkpoint.rule: {exc}") from None
         return rules
-
-
-def _write(
-    storage: Storage,
-    write: Writer,
-    state: dict[str, Any],
-    names: list[str],
-    delete: list[str],
-    main: bool = True,
-) -> None:
-    """Write ``state`` to ``names``, then (only the ``main`` process, rank 0) point
-    ``latest`` at the last and delete ``delete``. ``write`` is the runner's: the background
-    thread holds it, not the runner."""
-    for name in names:
-        storage.write(write, state, name)
-    if not main:
-        return
-    storage.write_text("latest", names[-1] + "\n")
-    for name in delete:
-        if not own_file(name) or not storage.inside(name):
-            continue  # never reached: the record holds only such names
-        try:
-            storage.remove(name)
-        except OSError as exc:  # an old file left behind is no reason to stop training
-            message = f"[hookrun] checkpoint: cannot delete {storage.path(name)}: {exc}"
-            print(message, file=sys.stderr)
-
-
-def leftover(name: str) -> bool:
-    """Whether ``name`` is what a killed write of this plugin leaves behind: the core's
-    temporary file (``.<name>.<12 hex digits>.tmp``) or a sharded save's ``.<name>.partial``
-    folder, for a file name of the plugin's own kinds or the ``latest`` pointer."""
-    found = TEMP.fullmatch(name) or PARTIAL.fullmatch(name)
-    if found is None:
-        return False
-    target = found["name"]
-    return target == "latest" or own_file(target)
-
-
-def own_file(name: str) -> bool:
-    """Whether ``name`` is a plain file name of one of the plugin's own kinds."""
-    return any(plain_name(name, kind) for kind in (ROTATING, BEST, TOP))

@@ -23,6 +23,7 @@ from hookrun import (
     CheckpointError,
     atomic_write_text,
     checkpoint_state_file,
+    created_by_hookrun,
     remove_checkpoint,
 )
 
@@ -70,6 +71,10 @@ class Storage(Protocol):
 
     def remove(self, name: str) -> None:
         """Delete checkpoint ``name`` (nothing when it is gone)."""
+
+    def created(self, name: str) -> bool:
+        """Whether the plugin may delete or replace ``name``: hookrun's record says it
+        created the file, or there is no record to ask."""
 
 
 class LocalStorage:
@@ -123,6 +128,12 @@ class LocalStorage:
         """Delete checkpoint ``name``, a file or a sharded folder (nothing when gone)."""
         remove_checkpoint(self.folder / name)
 
+    def created(self, name: str) -> bool:
+        """Whether hookrun's record of the work dir that holds the folder
+        (:func:`hookrun.created_by_hookrun`) lists ``name``; True for a folder outside every
+        work dir this process holds (no record there: the plugin's own record decides)."""
+        return created_by_hookrun(self.folder / name) is not False
+
 
 class FsspecStorage:
     """The checkpoint folder on an fsspec file system (a :class:`Storage`): an object store
@@ -174,3 +185,8 @@ class FsspecStorage:
     def remove(self, name: str) -> None:
         """Delete the object ``name`` (nothing when it is gone)."""
         remove_checkpoint(self.folder / name)
+
+    def created(self, name: str) -> bool:
+        """Always: a store keeps no record of who wrote an object, so the plugin's own record
+        decides (a start without a resume refuses a URL that holds checkpoints)."""
+        return True
