@@ -413,6 +413,23 @@ def test_a_name_too_long_is_one_line_and_nothing_is_created(toy, tmp_path):
     assert listing(tmp_path) == before
 
 
+def test_an_empty_path_option_is_one_line_naming_it_and_nothing_is_created(toy, tmp_path):
+    """Click makes ``''`` the current folder: ``--work-dir ''`` trained into it, while
+    ``runner.work_dir: ''`` in the file is refused."""
+    before = listing(tmp_path)
+    for args, line in (
+        (("train", toy, "--work-dir", ""), "--work-dir: give a folder (got '')"),
+        (("train", toy, "--work-dir", " "), "--work-dir: give a folder (got ' ')"),
+        (("train", toy, "--resume", ""), "--resume: give auto or a checkpoint file (got '')"),
+        (("test", toy, "--checkpoint", ""), "--checkpoint: give a checkpoint file (got '')"),
+        (("config", "validate", ""), "CONFIG: give a file (got '')"),
+        (("export", "", "out.pt"), "CHECKPOINT: give a path (got '')"),
+    ):
+        assert refused(hookrun(*args, cwd=tmp_path)) == [line], args
+    assert listing(tmp_path) == before
+    assert errors_of(toy, "runner.work_dir=''") == ["runner.work_dir: give a folder (got '')"]
+
+
 def test_a_tilde_work_dir_is_the_home_folder_in_every_line_and_write(tmp_path, monkeypatch):
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir()

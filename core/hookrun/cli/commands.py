@@ -13,6 +13,7 @@ rank 0 prints the run's output; every rank prints its own errors, prefixed ``[ra
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from hookrun.cli.console import (
 )
 from hookrun.cli.options import (
     CommandGroup,
+    PathType,
     checkpoint_option,
     config_argument,
     notice,
@@ -222,8 +224,8 @@ def test_command(
 
 
 @cli.command(name="export")
-@click.argument("checkpoint", type=click.Path(path_type=Path), callback=path_name)
-@click.argument("out", type=click.Path(path_type=Path), callback=path_name)
+@click.argument("checkpoint", type=PathType(path_type=Path), callback=path_name)
+@click.argument("out", type=PathType(path_type=Path), callback=path_name)
 @click.option("--ema", is_flag=True, help="Export the EMA plugin's averaged weights instead.")
 def export_command(checkpoint: Path, out: Path, ema: bool) -> None:
     """Write the model weights of CHECKPOINT (a file, or a sharded checkpoint folder) to OUT:
@@ -240,14 +242,14 @@ def export_command(checkpoint: Path, out: Path, ema: bool) -> None:
     "--checkpoint",
     "checkpoint",
     required=True,
-    type=click.Path(path_type=Path),
+    type=PathType(path_type=Path),
     callback=path_name,
     help="Checkpoint file (or sharded folder) whose weights predict.",
 )
 @click.option(
     "--output",
     required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=PathType(dir_okay=False, path_type=Path),
     callback=path_name,
     help="File to write the outputs to; its folder must exist.",
 )
@@ -341,7 +343,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return exc.exit_code
     except click.ClickException as exc:
         if rank() == 0:
-            exc.show()
+            if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+                exc.show()  # `hookrun plugins` alone: the group's help, as before
+            else:
+                click.echo(usage_line(exc), err=True)
         return EXIT_USAGE
     except (click.exceptions.Abort, KeyboardInterrupt):
         echo("interrupted", err=True)
@@ -359,6 +364,22 @@ def _main(argv: Sequence[str] | None) -> int:
         _print_failure(exc)
         return EXIT_FAILED
     return EXIT_OK
+
+
+_SUGGESTION = re.compile(r"\.?\s+\(?Did you mean (.+?)\?\)?$")
+
+
+def usage_line(exc: click.ClickException) -> str:
+    """A usage error as one line, as every other mistake is: the command, then click's
+    message with its suggestion (``hookrun train: no such option '--resum' (did you mean
+    '--resume'?)``), without click's usage and ``Try --help`` lines."""
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None else "hookrun"
+    message = " ".join(exc.format_message().split())
+    message = _SUGGESTION.sub(r" (did you mean \1?)", message).removesuffix(".")
+    if message[:1].isupper() and message[1:2].islower():  # "No such option", not "CONFIG"
+        message = message[0].lower() + message[1:]
+    return f"{where}: {message}"
 
 
 def _print_failure(exc: BaseException) -> None:
