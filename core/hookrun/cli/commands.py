@@ -13,7 +13,6 @@ rank 0 prints the run's output; every rank prints its own errors, prefixed ``[ra
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from hookrun.cli.options import (
     notice,
     path_name,
     set_option,
+    usage_line,
     work_dir_option,
 )
 from hookrun.cli.plugin_commands import hooks, plugins
@@ -369,22 +369,6 @@ def _main(argv: Sequence[str] | None) -> int:
         _print_failure(exc)
         return EXIT_FAILED
     return EXIT_OK
-
-
-_SUGGESTION = re.compile(r"\.?\s+\(?Did you mean (.+?)\?\)?$")
-
-
-def usage_line(exc: click.ClickException) -> str:
-    """A usage error as one line, as every other mistake is: the command, then click's
-    message with its suggestion (``hookrun train: no such option '--resum' (did you mean
-    '--resume'?)``), without click's usage and ``Try --help`` lines."""
-    ctx = getattr(exc, "ctx", None)
-    where = ctx.command_path if ctx is not None else "hookrun"
-    message = " ".join(exc.format_message().split())
-    message = _SUGGESTION.sub(r" (did you mean \1?)", message).removesuffix(".")
-    if message[:1].isupper() and message[1:2].islower():  # "No such option", not "CONFIG"
-        message = message[0].lower() + message[1:]
-    return f"{where}: {message}"
 
 
 def _print_failure(exc: BaseException) -> None:

@@ -1,8 +1,10 @@
 """What the commands share: the group class that lists whole first paragraphs, the common
-arguments and options, the path checks made before any work, and the ``[hookrun]`` notice."""
+arguments and options, the path checks made before any work, the ``[hookrun]`` notice, and
+a usage error worded as one line."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +126,19 @@ def check_place(where: str, path: str | Path, folder: bool) -> None:
     errors = place_errors(where, path, folder)
     if errors:
         raise HookrunError(errors)
+
+
+_SUGGESTION = re.compile(r"\.?\s+\(?Did you mean (.+?)\?\)?$")
+
+
+def usage_line(exc: click.ClickException) -> str:
+    """A usage error as one line, as every other mistake is: the command, then click's
+    message with its suggestion (``hookrun train: no such option '--resum' (did you mean
+    '--resume'?)``), without click's usage and ``Try --help`` lines."""
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None else "hookrun"
+    message = " ".join(exc.format_message().split())
+    message = _SUGGESTION.sub(r" (did you mean \1?)", message).removesuffix(".")
+    if message[:1].isupper() and message[1:2].islower():  # "No such option", not "CONFIG"
+        message = message[0].lower() + message[1:]
+    return f"{where}: {message}"
