@@ -424,6 +424,10 @@ def test_an_empty_path_option_is_one_line_naming_it_and_nothing_is_created(toy, 
         (("test", toy, "--checkpoint", ""), "--checkpoint: give a checkpoint file (got '')"),
         (("config", "validate", ""), "CONFIG: give a file (got '')"),
         (("export", "", "out.pt"), "CHECKPOINT: give a path (got '')"),
+        (
+            ("predict", toy, "--checkpoint", "", "--output", "p.pt"),
+            "--checkpoint: give a checkpoint file (got '')",
+        ),
     ):
         assert refused(hookrun(*args, cwd=tmp_path)) == [line], args
     assert listing(tmp_path) == before

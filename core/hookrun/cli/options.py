@@ -84,9 +84,10 @@ class PathType(click.Path):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str) and not value.strip():
-            wanted = "a path" if self.file_okay and self.dir_okay else "a file"
-            wanted = wanted if self.file_okay else "a folder"
-            raise HookrunError(f"{_name(param)}: give {wanted} (got {value!r})")
+            wanted = "give a path" if self.file_okay and self.dir_okay else "give a file"
+            wanted = wanted if self.file_okay else "give a folder"
+            name = _name(param)
+            raise HookrunError(f"{name}: {WANTED.get(name, wanted)} (got {value!r})")
         return super().convert(value, param, ctx)
 
 
