@@ -413,6 +413,27 @@ def test_a_name_too_long_is_one_line_and_nothing_is_created(toy, tmp_path):
     assert listing(tmp_path) == before
 
 
+def test_an_empty_path_option_is_one_line_naming_it_and_nothing_is_created(toy, tmp_path):
+    """Click makes ``''`` the current folder: ``--work-dir ''`` trained into it, while
+    ``runner.work_dir: ''`` in the file is refused."""
+    before = listing(tmp_path)
+    for args, line in (
+        (("train", toy, "--work-dir", ""), "--work-dir: give a folder (got '')"),
+        (("train", toy, "--work-dir", " "), "--work-dir: give a folder (got ' ')"),
+        (("train", toy, "--resume", ""), "--resume: give auto or a checkpoint file (got '')"),
+        (("test", toy, "--checkpoint", ""), "--checkpoint: give a checkpoint file (got '')"),
+        (("config", "validate", ""), "CONFIG: give a file (got '')"),
+        (("export", "", "out.pt"), "CHECKPOINT: give a path (got '')"),
+        (
+            ("predict", toy, "--checkpoint", "", "--output", "p.pt"),
+            "--checkpoint: give a checkpoint file (got '')",
+        ),
+    ):
+        assert refused(hookrun(*args, cwd=tmp_path)) == [line], args
+    assert listing(tmp_path) == before
+    assert errors_of(toy, "runner.work_dir=''") == ["runner.work_dir: give a folder (got '')"]
+
+
 def test_a_tilde_work_dir_is_the_home_folder_in_every_line_and_write(tmp_path, monkeypatch):
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir()
@@ -488,3 +509,82 @@ def test_other_output_paths_below_a_regular_file_are_one_line(toy, tmp_path):
         "--dir: cannot create results.csv/plugins: results.csv is a file, not a folder"
     ]
     assert listing(tmp_path) == before
+
+
+# -- the task module ------------------------------------------------------------------------
+
+#: The config of a task file ``broken.py`` written by each test, its work dir two new folders.
+BROKEN = (
+    "task: broken.py:build\n"
+    "runner: {max_epochs: 1, device: cpu, writers: [jsonl], work_dir: runs/exp}\n"
+    "plugins: {checkpoint: true}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "where"),
+    [
+        ("import os\n\ndef build(:\n    pass\n", "3:11: SyntaxError: invalid syntax"),
+        ("def build():\n    pass\nreturn 1\n", "3:1: SyntaxError: 'return' outside function"),
+        ("def build():\n  x = 1\n    y = 2\n", "3:4: IndentationError: unexpected indent"),
+    ],
+    ids=["parse", "compile", "indent"],
+)
+def test_a_task_file_that_does_not_compile_is_one_line_in_validate_and_train(
+    tmp_path, source, where
+):
+    (tmp_path / "broken.py").write_text(source)
+    (tmp_path / "c.yaml").write_text(BROKEN)
+    line = f"task: {tmp_path / 'broken.py'}:{where}"
+    before = listing(tmp_path)
+    assert refused(hookrun("config", "validate", "c.yaml", cwd=tmp_path)) == [line]
+    assert refused(hookrun("train", "c.yaml", cwd=tmp_path)) == [line]
+    assert listing(tmp_path) == before
+
+
+def test_validate_compiles_the_task_without_running_it(tmp_path):
+    """A valid task file is compiled only: its top level never runs, and a SyntaxWarning
+    (an invalid escape) is no error and prints nothing."""
+    (tmp_path / "broken.py").write_text(
+        "open('ran', 'w').close()\nPATTERN = '\\d'\n\ndef build():\n    pass\n"
+    )
+    (tmp_path / "c.yaml").write_text(BROKEN)
+    result = hookrun("config", "validate", "c.yaml", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+FAILING_TASKS = {
+    "raises": ("def build():\n    raise RuntimeError('data folder missing')\n", 1),
+    "bad_import": ("import no_such_package_here\n\ndef build():\n    pass\n", 1),
+    "type_error": ("def build(width=2):\n    return {'model': '%d' % (width,) % 2}\n", 1),
+    "ctrl_c": (  # Ctrl-C while the task builds
+        "import os, signal\n\ndef build():\n    os.kill(os.getpid(), signal.SIGINT)\n",
+        130,
+    ),
+}
+
+
+@pytest.mark.parametrize("failure", list(FAILING_TASKS))
+def test_a_task_failing_while_it_builds_leaves_no_work_dir(tmp_path, failure):
+    """The user's traceback (their bug), or `interrupted` after Ctrl-C; the work dir the
+    lock created (two new folders) is removed, and one that existed keeps only what it had."""
+    source, code = FAILING_TASKS[failure]
+    (tmp_path / "broken.py").write_text(source)
+    (tmp_path / "c.yaml").write_text(BROKEN)
+    before = listing(tmp_path)
+    result = hookrun("train", "c.yaml", cwd=tmp_path)
+    assert result.returncode == code, result.stderr
+    if code == 1:
+        assert "hookrun: training failed:" in result.stderr
+        assert 'broken.py", line' in result.stderr  # the traceback reaches the user's line
+    else:
+        assert result.stderr.splitlines()[-1] == "interrupted"
+    assert listing(tmp_path) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    (tmp_path / "c.yaml").write_text(BROKEN.replace("runs/exp", "mine"))
+    assert hookrun("train", "c.yaml", cwd=tmp_path).returncode == code
+    assert listing(mine) == {mine / "notes.txt"}
+    assert (mine / "notes.txt").read_text() == "my notes"

@@ -252,6 +252,36 @@ def test_usage_errors_exit_2_without_traceback(tmp_path):
     assert stderr["train", 2].strip() == f"{tmp_path / 'nope.yaml'}: config file not found"
 
 
+def test_a_usage_error_is_one_line_naming_the_command(tmp_path):
+    """click's Usage / Try / blank / Error lines become one, keeping its message and its
+    suggestion; nothing is created."""
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("")
+    write(tmp_path / "c.yaml", "task: x.py:build\n")
+    cases = {
+        ("train", "adir"): "hookrun train: invalid value for 'CONFIG': File 'adir' is a directory",
+        ("train", "c.yaml", "--work-dir", "afile"): (
+            "hookrun train: invalid value for '--work-dir': Directory 'afile' is a file"
+        ),
+        ("train", "c.yaml", "--resum", "auto"): (
+            "hookrun train: no such option '--resum' (did you mean '--resume'?)"
+        ),
+        ("plugins", "lst"): "hookrun plugins: no such command 'lst' (did you mean 'list'?)",
+        ("train", "c.yaml", "--set"): "hookrun train: option '--set' requires an argument",
+        ("train",): "hookrun train: missing argument 'CONFIG'",
+        ("nope",): "hookrun: no such command 'nope'",
+    }
+    before = set(tmp_path.rglob("*"))
+    for args, line in cases.items():
+        result = run(*args, cwd=tmp_path)
+        assert (result.returncode, result.stdout, result.stderr) == (2, "", line + "\n"), args
+    assert set(tmp_path.rglob("*")) == before
+    group = run("plugins")  # a group without its command still shows its help
+    assert group.returncode == 2 and "Commands:" in group.stderr and "list" in group.stderr
+    helped = run("train", "--help")
+    assert helped.returncode == 0 and helped.stdout.startswith("Usage: hookrun train [OPTIONS]")
+
+
 def test_every_rank_prints_its_own_error_prefixed(tmp_path):
     result = run("config", "validate", tmp_path / "nope.yaml", RANK="1", WORLD_SIZE="2")
     assert result.returncode == 2

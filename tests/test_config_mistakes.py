@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from _support import errors_of
+from _support import errors_of, run
 from hookrun.config import file as cfg
 from hookrun.testing import run_cli, write_toy_task
 
@@ -265,6 +265,53 @@ def test_a_truncated_checkpoint_is_one_line_and_leaves_nothing(toy, tmp_path, ca
             "failed: Invalid argument)\n",
         )
         assert not (tmp_path / command).exists()
+
+
+def test_a_file_that_is_no_checkpoint_is_said_to_be_none_in_one_line(toy, tmp_path):
+    """``--resume base.yaml`` read ``IndexError: pop from empty list`` (the unpickler's)."""
+    text = tmp_path / "base.yaml"
+    text.write_text(toy.read_text())
+    (tmp_path / "notes.json").write_text('{"a": 1}\n')
+    (tmp_path / "bytes.bin").write_bytes(b"\x80\x02}q\x00.")  # a pickle, no torch.save
+    before = set(tmp_path.rglob("*"))
+    for name, reason in (
+        ("base.yaml", "not a checkpoint (a text file, which torch cannot load)"),
+        ("notes.json", "not a checkpoint (a text file, which torch cannot load)"),
+        ("bytes.bin", "not a checkpoint (torch could not read it: RuntimeError: Invalid magic"),
+    ):
+        result = run("train", toy, "--resume", name, "--work-dir", "run", cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        [line] = result.stderr.splitlines()
+        assert line.startswith(f"cannot load checkpoint {name}: {reason}"), line
+    assert set(tmp_path.rglob("*")) == before
+
+
+def test_a_class_name_suggests_and_takes_only_its_kind(toy):
+    """``torch.optim.lr_scheduler`` imports ``Counter``, ``Optimizer``, ``Tensor``: they were
+    suggested for a misspelt scheduler (``CosineLR``: did you mean 'Counter'?) and taken."""
+    schedule = "scheduler={{main: {{type: {}}}}}"
+    assert errors_of(toy, schedule.format("CosineLR")) == [
+        "scheduler.main.type: torch.optim.lr_scheduler has no class 'CosineLR' "
+        "(did you mean 'CosineAnnealingLR'?)"
+    ]
+    for name in ("Counter", "Optimizer", "Tensor", "LRScheduler"):
+        (line,) = errors_of(toy, schedule.format(name))
+        what = "the base class, not a" if name == "LRScheduler" else "not a"
+        assert line.startswith(
+            f"scheduler.main.type: torch.optim.lr_scheduler.{name} is {what} learning-rate "
+            "scheduler; name one of "
+        ), line
+        assert "StepLR" in line and "Counter" not in line.partition("name one of")[2]
+    (line,) = errors_of(toy, "optimizer={type: Optimizer, lr: 0.1}")
+    assert line.startswith(
+        "optimizer.type: torch.optim.Optimizer is the base class, not an optimizer; name one of "
+    ), line
+    assert errors_of(toy, "optimizer={type: Adamw, lr: 0.1}") == [
+        "optimizer.type: torch.optim has no class 'Adamw' (did you mean 'AdamW'?)"
+    ]
+    assert errors_of(toy, schedule.format("ReduceLROnPlateau")) == []
+    result = run("config", "validate", toy, "--set", schedule.format("CosineLR"))
+    assert result.returncode == 2 and "did you mean 'CosineAnnealingLR'?" in result.stderr
 
 
 def test_a_work_dir_that_is_a_file_is_refused_before_anything(toy, tmp_path, capsys):

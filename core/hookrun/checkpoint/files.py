@@ -241,7 +241,7 @@ def _load_object(url: URL, map_location: Any) -> dict[str, Any]:
             buffer = io.BytesIO(data)
             checkpoint = torch.load(buffer, map_location=map_location, weights_only=True)
     except Exception as exc:
-        raise _unloadable(url, load_error_reason(exc, url, len(data))) from exc
+        raise _unloadable(url, load_error_reason(exc, url, len(data), data[:512])) from exc
     return _checked(checkpoint, url)
 
 
@@ -272,9 +272,27 @@ _WEIGHTS_ONLY_NOISE = (
 )
 
 
-def load_error_reason(exc: BaseException, path: str | Path | URL, size: int | None = None) -> str:
+def load_error_reason(
+    exc: BaseException, path: str | Path | URL, size: int | None = None, head: bytes | None = None
+) -> str:
     """One line for an exception of ``torch.load``: what is wrong with the file (of ``size``
-    bytes, looked up when not given)."""
+    bytes, starting with ``head``; both looked up when not given). A file torch.save did not
+    write is said to be no checkpoint in plain words (a YAML file given to ``--resume``:
+    ``not a checkpoint (a text file, which torch cannot load)``), not with the unpickler's
+    error (``IndexError: pop from empty list``)."""
+    if isinstance(exc, OSError) and exc.errno != errno.EINVAL:
+        return exc.strerror or _short(str(exc)) or type(exc).__name__  # not found, no permission
+    if size is None:
+        try:
+            size = os.path.getsize(str(path))
+        except OSError:
+            size = -1
+    if size == 0:
+        return "the file is empty (0 bytes)"
+    if head is None:
+        head = _head(path)
+    if _is_text(head):
+        return "not a checkpoint (a text file, which torch cannot load)"
     if isinstance(exc, pickle.UnpicklingError) and "Weights only load failed" in str(exc):
         lines = [line.strip() for line in str(exc).splitlines()]
         gist = [
@@ -284,15 +302,6 @@ def load_error_reason(exc: BaseException, path: str | Path | URL, size: int | No
         ]
         gist = [line for line in gist if line and not line.startswith(_WEIGHTS_ONLY_NOISE)]
         return f"not a hookrun checkpoint (weights_only load refused: {_short(' '.join(gist))})"
-    if isinstance(exc, OSError) and exc.errno != errno.EINVAL:  # not found, no permission
-        return exc.strerror or _short(str(exc)) or type(exc).__name__
-    if size is None:
-        try:
-            size = os.path.getsize(str(path))
-        except OSError:
-            size = -1
-    if size == 0:
-        return "the file is empty (0 bytes)"
     if isinstance(exc, EOFError):
         return f"the file ends too early ({size} bytes; truncated?)"
     if isinstance(exc, OSError):  # EINVAL: the zip reader seeking before the start of a cut file
@@ -302,7 +311,35 @@ def load_error_reason(exc: BaseException, path: str | Path | URL, size: int | No
         return f"damaged, or not a torch.save file ({text})"
     if isinstance(exc, pickle.UnpicklingError):
         return f"not a torch.save file ({text or type(exc).__name__})"
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    if head and not head.startswith(b"PK"):  # not torch's zip: the unpickler's own error
+        return f"not a checkpoint (torch could not read it: {error})"
+    return error
+
+
+def _head(path: str | Path | URL) -> bytes:
+    """The first bytes of a local file (nothing for an object or a file that cannot be read)."""
+    if isinstance(path, URL):
+        return b""
+    try:
+        with open_regular(path) as f:
+            return f.read(512)
+    except OSError:
+        return b""
+
+
+def _is_text(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is text (UTF-8, printable): YAML, JSON, a
+    script. torch.save writes a zip archive or a pickle, neither of them text."""
+    if not head or b"\0" in head:
+        return False
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3:  # not a character cut at the end of the head
+            return False
+        text = head[: exc.start].decode("utf-8")
+    return all(c.isprintable() or c in "\t\n\r\f" for c in text)
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -29,11 +29,13 @@ from hookrun.cli.console import (
 )
 from hookrun.cli.options import (
     CommandGroup,
+    PathType,
     checkpoint_option,
     config_argument,
     notice,
     path_name,
     set_option,
+    usage_line,
     work_dir_option,
 )
 from hookrun.cli.plugin_commands import hooks, plugins
@@ -143,8 +145,10 @@ def _train(
     named = {"--resume": resume} if resume not in (None, "auto") else {}
     loaded = launch.load_everywhere(config, overrides, work_dir, named)
     out = loaded.work_dir
-    # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock
-    with workdir_hold.hold(out, enabled=rank() == 0, notice=notice):
+    created = launch.CreatedFolders(out, enabled=rank() == 0)
+    # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock; a
+    # failure before the run writes there removes the folder if the lock created it
+    with workdir_hold.hold(out, enabled=rank() == 0, notice=notice), created:
         if resume is None:  # refused before the task is built
             launch.check_fresh_work_dir(loaded)
         # torch is imported only now: a config mistake is reported without waiting for it
@@ -171,6 +175,7 @@ def _train(
         ):  # every check that can refuse, before anything is written
             run_resume.check_start(runner, resume, writes=[workdir.CONFIG_NAME])
         collectives.barrier()  # every rank checked the work dir before rank 0 writes into it
+        created.started()
         if runner.is_main:
             workdir.clear_finished(out)
             launch.save_resolved_config(loaded)
@@ -222,8 +227,8 @@ def test_command(
 
 
 @cli.command(name="export")
-@click.argument("checkpoint", type=click.Path(path_type=Path), callback=path_name)
-@click.argument("out", type=click.Path(path_type=Path), callback=path_name)
+@click.argument("checkpoint", type=PathType(path_type=Path), callback=path_name)
+@click.argument("out", type=PathType(path_type=Path), callback=path_name)
 @click.option("--ema", is_flag=True, help="Export the EMA plugin's averaged weights instead.")
 def export_command(checkpoint: Path, out: Path, ema: bool) -> None:
     """Write the model weights of CHECKPOINT (a file, or a sharded checkpoint folder) to OUT:
@@ -240,14 +245,14 @@ def export_command(checkpoint: Path, out: Path, ema: bool) -> None:
     "--checkpoint",
     "checkpoint",
     required=True,
-    type=click.Path(path_type=Path),
+    type=PathType(path_type=Path),
     callback=path_name,
     help="Checkpoint file (or sharded folder) whose weights predict.",
 )
 @click.option(
     "--output",
     required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=PathType(dir_okay=False, path_type=Path),
     callback=path_name,
     help="File to write the outputs to; its folder must exist.",
 )
@@ -273,15 +278,16 @@ def predict_command(
 def _evaluate(
     config: Path, checkpoint: str | None, overrides: Sequence[str], work_dir: Path | None, mode: str
 ) -> None:
-    from hookrun.cli.prepare import build_runner, load_everywhere
+    from hookrun.cli.prepare import CreatedFolders, build_runner, load_everywhere
     from hookrun.engine import workdir_hold
 
     named = {"--checkpoint": checkpoint} if checkpoint is not None else {}
     loaded = load_everywhere(config, overrides, work_dir, named)
     out = loaded.work_dir
+    created = CreatedFolders(out, enabled=rank() == 0)
     # the work dir's lock, as train takes it: evaluation appends to the run's logs
     hint = "evaluate into another --work-dir"
-    with workdir_hold.hold(out, enabled=rank() == 0, hint=hint, notice=notice):
+    with workdir_hold.hold(out, enabled=rank() == 0, hint=hint, notice=notice), created:
         notice(f"building task {loaded.data['task']} ...")
         runner = build_runner(loaded, training=False)
         if getattr(runner, f"{mode}_dataloader") is None:
@@ -291,6 +297,7 @@ def _evaluate(
         # a file that does not fit is refused before the writers open
         runner.load_checkpoint(path, resume=True)
         notice(f"evaluating {path}")
+        created.started()
         metrics = runner.val() if mode == "val" else runner.test()
     val, test = (metrics, None) if mode == "val" else (None, metrics)
     print_summary(runner, loaded, val, test)
@@ -341,7 +348,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return exc.exit_code
     except click.ClickException as exc:
         if rank() == 0:
-            exc.show()
+            if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+                exc.show()  # `hookrun plugins` alone: the group's help, as before
+            else:
+                click.echo(usage_line(exc), err=True)
         return EXIT_USAGE
     except (click.exceptions.Abort, KeyboardInterrupt):
         echo("interrupted", err=True)

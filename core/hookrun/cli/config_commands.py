@@ -10,7 +10,9 @@ import click
 
 from hookrun.cli.console import aligned, echo, to_json
 from hookrun.cli.options import (
+    Command,
     CommandGroup,
+    PathType,
     check_place,
     config_argument,
     notice,
@@ -44,12 +46,12 @@ def config_validate(config: Path, overrides: Sequence[str]) -> None:
     echo(f"{config}: valid (task {loaded.data['task']}; plugins named: {', '.join(named) or '-'})")
 
 
-@click.command()
+@click.command(cls=Command)
 @config_argument
 @set_option
 @click.option(
     "--plot",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=PathType(dir_okay=False, path_type=Path),
     metavar="PNG",
     callback=path_name,
     help="Also draw the schedule into this PNG file (needs the plot extra: matplotlib).",

@@ -1,8 +1,10 @@
 """What the commands share: the group class that lists whole first paragraphs, the common
-arguments and options, the path checks made before any work, and the ``[hookrun]`` notice."""
+arguments and options, the path checks made before any work, the ``[hookrun]`` notice, and
+a usage error worded as one line."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +14,33 @@ from hookrun.cli.console import echo
 from hookrun.errors import HookrunError
 
 
+class Command(click.Command):
+    """A command whose usage errors name it: click's parser raises some (``option '--set'
+    requires an argument``) without the context, which the one line takes its
+    ``hookrun train:`` from."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if exc.ctx is None:
+                exc.ctx = ctx
+            raise
+
+
 class CommandGroup(click.Group):
-    """Lists each command with its whole first paragraph, not click's 45-character cut."""
+    """Lists each command with its whole first paragraph, not click's 45-character cut; its
+    usage errors and its commands' name the command (:class:`Command`)."""
+
+    command_class = Command
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if exc.ctx is None:
+                exc.ctx = ctx
+            raise
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [
@@ -26,20 +53,46 @@ class CommandGroup(click.Group):
                 formatter.write_dl(rows)
 
 
+def _name(param: click.Parameter | None) -> str:
+    """How a line names the parameter: the option (``--work-dir``) or argument (``CONFIG``)."""
+    if param is None:
+        return "path"
+    return param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
+
+
+#: What an empty path option asks for, by option (the others: a path).
+WANTED = {"--resume": "give auto or a checkpoint file", "--checkpoint": "give a checkpoint file"}
+
+
 def path_name(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-    """A path argument or option whose name no file system takes (a name over 255 bytes, a
-    NUL byte) is one line, exit 2, before anything is read or created."""
+    """A path argument or option whose name no file system takes (empty, a name over 255
+    bytes, a NUL byte) is one line, exit 2, before anything is read or created."""
     from hookrun.config.arguments import path_problem
 
+    name = _name(param)
+    if isinstance(value, str) and not value.strip():  # '' would be the current folder
+        raise HookrunError(f"{name}: {WANTED.get(name, 'give a path')} (got {value!r})")
     problem = None if value is None or value == "auto" else path_problem(str(value))
     if problem:
-        name = param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
         raise HookrunError(f"{name}: {problem} (got {str(value)!r})")
     return value
 
 
+class PathType(click.Path):
+    """``click.Path`` that refuses an empty (or blank) name as one line, exit 2: click would
+    make ``''`` the current folder (``--work-dir ''`` would train into it)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            wanted = "give a path" if self.file_okay and self.dir_okay else "give a file"
+            wanted = wanted if self.file_okay else "give a folder"
+            name = _name(param)
+            raise HookrunError(f"{name}: {WANTED.get(name, wanted)} (got {value!r})")
+        return super().convert(value, param, ctx)
+
+
 config_argument = click.argument(
-    "config", type=click.Path(dir_okay=False, path_type=Path), callback=path_name
+    "config", type=PathType(dir_okay=False, path_type=Path), callback=path_name
 )
 set_option = click.option(
     "--set",
@@ -50,7 +103,7 @@ set_option = click.option(
 )
 work_dir_option = click.option(
     "--work-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=PathType(file_okay=False, path_type=Path),
     help="Run folder (overrides runner.work_dir); relative to the current directory.",
 )
 checkpoint_option = click.option(
@@ -74,3 +127,19 @@ def check_place(where: str, path: str | Path, folder: bool) -> None:
     errors = place_errors(where, path, folder)
     if errors:
         raise HookrunError(errors)
+
+
+_SUGGESTION = re.compile(r"\.?\s+\(?Did you mean (.+?)\?\)?$")
+
+
+def usage_line(exc: click.ClickException) -> str:
+    """A usage error as one line, as every other mistake is: the command, then click's
+    message with its suggestion (``hookrun train: no such option '--resum' (did you mean
+    '--resume'?)``), without click's usage and ``Try --help`` lines."""
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None else "hookrun"
+    message = " ".join(exc.format_message().split())
+    message = _SUGGESTION.sub(r" (did you mean \1?)", message).removesuffix(".")
+    if message[:1].isupper() and message[1:2].islower():  # "No such option", not "CONFIG"
+        message = message[0].lower() + message[1:]
+    return f"{where}: {message}"

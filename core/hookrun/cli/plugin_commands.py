@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from hookrun.cli.console import aligned, echo, print_call_order, to_json
-from hookrun.cli.options import CommandGroup, check_place
+from hookrun.cli.options import Command, CommandGroup, PathType, check_place
 from hookrun.errors import HookrunError
 
 
@@ -132,7 +132,7 @@ def plugins_show(name: str, as_json: bool) -> None:
 @plugins.command(name="new")
 @click.argument("name")
 @click.option(
-    "--dir", "directory", default=".", type=click.Path(file_okay=False), help="Parent folder."
+    "--dir", "directory", default=".", type=PathType(file_okay=False), help="Parent folder."
 )
 def plugins_new(name: str, directory: str) -> None:
     """Write a ready-to-install plugin package hookrun-NAME (pyproject, module, test)."""
@@ -143,7 +143,7 @@ def plugins_new(name: str, directory: str) -> None:
     echo(f"wrote {root}; next: pip install -e {root} && hookrun plugins show {name}")
 
 
-@click.command()
+@click.command(cls=Command)
 @click.option("--json", "as_json", is_flag=True, help="Name, arguments and docs as JSON.")
 def hooks(as_json: bool) -> None:
     """Every hook point with its arguments and documentation."""

@@ -36,14 +36,45 @@ def keyword_errors(
     ]
 
 
+#: What a class named in its home module must be, by home: the base class (by name) and
+#: the words a refusal uses. Classes the home module merely imports (``Counter``, ``Tensor``
+#: in ``torch.optim.lr_scheduler``) are neither found nor suggested.
+KINDS = {
+    "torch.optim": ("Optimizer", "an optimizer"),
+    "torch.optim.lr_scheduler": ("LRScheduler", "a learning-rate scheduler"),
+}
+#: Schedulers some torch versions do not derive from ``LRScheduler``.
+KNOWN_SCHEDULERS = frozenset({"ReduceLROnPlateau"})
+
+
+def home_classes(module: Any, home: str) -> list[str]:
+    """The public classes of ``home`` that are of its kind (:data:`KINDS`): its optimizers or
+    learning-rate schedulers, not their base class and not what the module imports."""
+    base_name, _ = KINDS.get(home, ("", ""))
+    base = getattr(module, base_name, None) if base_name else None
+    found = []
+    for name in dir(module):
+        value = getattr(module, name)
+        if name.startswith("_") or not isinstance(value, type) or value is base:
+            continue
+        if not isinstance(base, type) or issubclass(value, base) or name in KNOWN_SCHEDULERS:
+            found.append(name)
+    return found
+
+
 def find_class(name: str, home: str) -> type:
-    """``name`` in module ``home`` (``AdamW``), or a dotted path (``pkg.mod.Class``)."""
+    """``name`` in module ``home`` (``AdamW``), one of the classes it offers
+    (:func:`home_classes`, suggested from them too), or a dotted path (``pkg.mod.Class``)."""
     if "." not in name:
         module = importlib.import_module(home)
+        known = home_classes(module, home)
         found = getattr(module, name, None)
-        if isinstance(found, type):
+        if isinstance(found, type) and name in known:
             return found
-        known = [n for n in dir(module) if isinstance(getattr(module, n), type)]
+        if isinstance(found, type) and home in KINDS:
+            base, kind = KINDS[home]
+            what = f"the base class, not {kind}" if name == base else f"not {kind}"
+            raise ConfigError(f"{home}.{name} is {what}; name one of {', '.join(known)}")
         raise ConfigError(f"{home} has no class {name!r}{did_you_mean(name, known)}")
     module_name, _, attr = name.rpartition(".")
     try:

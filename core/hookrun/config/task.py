@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,11 +59,37 @@ def check_task(task: str, config_path: Path) -> list[str]:
                 ]
         except OSError as exc:  # a name too long, a folder it may not look into
             return [f"task: cannot read {file}: {exc.strerror}"]
-        return _missing_name(file, str(file), attr)
+        return syntax_errors(file) or _missing_name(file, str(file), attr)
     found, source = _module_source(target, config_path)
     if not found:
         return [f"task: no module named {target!r}"]
-    return _missing_name(source, target, attr) if source is not None else []
+    if source is None:
+        return []
+    return syntax_errors(source) or _missing_name(source, target, attr)
+
+
+def syntax_errors(file: Path) -> list[str]:
+    """The task module's syntax error, one line naming the file and line as Python does
+    (``task: /p/task.py:3:9: SyntaxError: '(' was never closed``): the source is compiled,
+    never executed, so every error the import would raise before running a line is found
+    (``return`` outside a function too, which a parse alone lets through). Nothing when the
+    file cannot be read: the import reports that."""
+    try:
+        source = file.read_bytes()
+    except OSError:
+        return []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SyntaxWarning (an invalid escape): not an error
+            compile(source, str(file), "exec", dont_inherit=True)
+    except SyntaxError as exc:  # IndentationError and TabError too
+        where = str(file)
+        if exc.lineno:
+            where += f":{exc.lineno}" + (f":{exc.offset}" if exc.offset else "")
+        return [f"task: {where}: {type(exc).__name__}: {exc.msg}"]
+    except ValueError as exc:  # a NUL byte, before Python 3.12
+        return [f"task: {file}: {exc}"]
+    return []
 
 
 def _module_source(target: str, config_path: Path) -> tuple[bool, Path | None]:
