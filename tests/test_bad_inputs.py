@@ -61,7 +61,8 @@ def refused(result: subprocess.CompletedProcess[str]) -> list[str]:
 
 
 def listing(folder: Path) -> set[Path]:
-    return set(folder.rglob("*"))
+    """Every path under ``folder`` but Python's bytecode cache (a task module imported)."""
+    return {p for p in folder.rglob("*") if "__pycache__" not in p.parts}
 
 
 @pytest.fixture

@@ -52,10 +52,11 @@ def hookrun(*args: object) -> subprocess.CompletedProcess[str]:
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
-    """Every file with its size, modification time and digest (the lock file by content)."""
+    """Every file with its size, modification time and digest (the lock file by content);
+    Python's bytecode cache of a task module the config check imported is left out."""
     found = {}
     for path in sorted(folder.rglob("*")):
-        if path.is_file():
+        if path.is_file() and "__pycache__" not in path.parts:
             stat = path.stat()
             mtime = 0 if path.name == workdir_hold.LOCK_NAME else stat.st_mtime_ns
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
