@@ -513,6 +513,17 @@ def build(kind):
 """
 
 
+def train_step_task(tmp_path: Path, kind: str) -> Any:
+    """``hookrun train`` of :data:`TASK` built as ``kind``, one epoch, into ``tmp_path/run``."""
+    write(tmp_path / "steptask.py", TASK)
+    config = write(
+        tmp_path / "run.yaml",
+        f"task: steptask.py:build\ntask_args: {{kind: {kind}}}\n"
+        "runner: {max_epochs: 1, device: cpu, writers: []}\n",
+    )
+    return run("train", config, "--work-dir", tmp_path / "run", cwd=tmp_path)
+
+
 @pytest.mark.parametrize(
     ("kind", "line"),
     [
@@ -541,13 +552,7 @@ def build(kind):
 def test_a_batch_or_output_that_does_not_fit_is_one_line_exit_2_and_nothing_saved(
     tmp_path: Path, kind: str, line: str
 ) -> None:
-    write(tmp_path / "steptask.py", TASK)
-    config = write(
-        tmp_path / "run.yaml",
-        f"task: steptask.py:build\ntask_args: {{kind: {kind}}}\n"
-        "runner: {max_epochs: 1, device: cpu, writers: []}\n",
-    )
-    proc = run("train", config, "--work-dir", tmp_path / "run", cwd=tmp_path)
+    proc = train_step_task(tmp_path, kind)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == line
     assert "Traceback" not in proc.stderr
@@ -561,13 +566,7 @@ def test_a_misfit_after_iterations_trained_writes_no_emergency_checkpoint(
 ) -> None:
     """Bad input is bad input at any iteration: one line, exit 2, and the checkpoint plugin
     saves nothing for it (the epoch's own checkpoint, due before its validation, stays)."""
-    write(tmp_path / "steptask.py", TASK)
-    config = write(
-        tmp_path / "run.yaml",
-        f"task: steptask.py:build\ntask_args: {{kind: {kind}}}\n"
-        "runner: {max_epochs: 1, device: cpu, writers: []}\n",
-    )
-    proc = run("train", config, "--work-dir", tmp_path / "run", cwd=tmp_path)
+    proc = train_step_task(tmp_path, kind)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("criterion: batches are (inputs, ")

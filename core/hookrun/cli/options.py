@@ -5,6 +5,7 @@ a usage error worded as one line."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,7 @@ class Command(click.Command):
     ``hookrun train:`` from."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            if exc.ctx is None:
-                exc.ctx = ctx
-            raise
+        return _naming_the_command(super().parse_args, ctx, args)
 
 
 class CommandGroup(click.Group):
@@ -35,12 +31,7 @@ class CommandGroup(click.Group):
     command_class = Command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            if exc.ctx is None:
-                exc.ctx = ctx
-            raise
+        return _naming_the_command(super().parse_args, ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [
@@ -51,6 +42,18 @@ class CommandGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+def _naming_the_command(
+    parse: Callable[[click.Context, list[str]], list[str]], ctx: click.Context, args: list[str]
+) -> list[str]:
+    """``parse(ctx, args)``, a usage error it raises given the context it lacked."""
+    try:
+        return parse(ctx, args)
+    except click.UsageError as exc:
+        if exc.ctx is None:
+            exc.ctx = ctx
+        raise
 
 
 def _name(param: click.Parameter | None) -> str:
