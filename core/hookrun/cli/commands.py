@@ -145,10 +145,9 @@ def _train(
     named = {"--resume": resume} if resume not in (None, "auto") else {}
     loaded = launch.load_everywhere(config, overrides, work_dir, named)
     out = loaded.work_dir
-    created = launch.CreatedFolders(out, enabled=rank() == 0)
     # rank 0 holds the work dir from here to the end, Runner.train re-enters the lock; a
     # failure before the run writes there removes the folder if the lock created it
-    with workdir_hold.hold(out, enabled=rank() == 0, notice=notice), created:
+    with workdir_hold.hold(out, enabled=rank() == 0, notice=notice):
         if resume is None:  # refused before the task is built
             launch.check_fresh_work_dir(loaded)
         # torch is imported only now: a config mistake is reported without waiting for it
@@ -175,7 +174,6 @@ def _train(
         ):  # every check that can refuse, before anything is written
             run_resume.check_start(runner, resume, writes=[workdir.CONFIG_NAME])
         collectives.barrier()  # every rank checked the work dir before rank 0 writes into it
-        created.started()
         if runner.is_main:
             workdir.clear_finished(out)
             launch.save_resolved_config(loaded)
@@ -278,16 +276,15 @@ def predict_command(
 def _evaluate(
     config: Path, checkpoint: str | None, overrides: Sequence[str], work_dir: Path | None, mode: str
 ) -> None:
-    from hookrun.cli.prepare import CreatedFolders, build_runner, load_everywhere
+    from hookrun.cli.prepare import build_runner, load_everywhere
     from hookrun.engine import workdir_hold
 
     named = {"--checkpoint": checkpoint} if checkpoint is not None else {}
     loaded = load_everywhere(config, overrides, work_dir, named)
     out = loaded.work_dir
-    created = CreatedFolders(out, enabled=rank() == 0)
     # the work dir's lock, as train takes it: evaluation appends to the run's logs
     hint = "evaluate into another --work-dir"
-    with workdir_hold.hold(out, enabled=rank() == 0, hint=hint, notice=notice), created:
+    with workdir_hold.hold(out, enabled=rank() == 0, hint=hint, notice=notice):
         notice(f"building task {loaded.data['task']} ...")
         runner = build_runner(loaded, training=False)
         if getattr(runner, f"{mode}_dataloader") is None:
@@ -297,7 +294,6 @@ def _evaluate(
         # a file that does not fit is refused before the writers open
         runner.load_checkpoint(path, resume=True)
         notice(f"evaluating {path}")
-        created.started()
         metrics = runner.val() if mode == "val" else runner.test()
     val, test = (metrics, None) if mode == "val" else (None, metrics)
     print_summary(runner, loaded, val, test)

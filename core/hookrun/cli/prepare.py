@@ -3,8 +3,6 @@ resolved config. What ``hookrun train|val|test`` do before the Runner takes over
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,60 +52,6 @@ def load_everywhere(
                 raise error
     assert loaded is not None
     return loaded
-
-
-class CreatedFolders:
-    """Undo what taking the work dir's lock created when the command fails before the run
-    writes anything there: a task that raises, an import that fails, Ctrl-C while the task
-    builds.
-
-    Made before the lock is taken (:func:`hookrun.engine.workdir_hold.hold` creates the
-    folder and its lock file), it notes the folders of the work dir's path that do not
-    exist yet, and whether the lock file does. Used as a block inside the hold, a block that
-    ends with any exception before :meth:`started` removes those folders again, innermost
-    first, only while the innermost holds nothing but hookrun's lock file and its record of
-    created files; in a folder that existed before, only a lock file that did not. A
-    folder that existed, or that holds anything else (a user's file, a log), is never
-    removed; the exception propagates as it is (the traceback of the user's own code is
-    shown). ``enabled``: only the process that takes the lock (rank 0) creates anything.
-    """
-
-    def __init__(self, work_dir: Path, enabled: bool = True) -> None:
-        from hookrun.engine.workdir_hold import LOCK_NAME
-
-        self.work_dir = Path(work_dir).absolute()
-        self.folders: list[Path] = []
-        folder = self.work_dir
-        while enabled and not os.path.lexists(folder) and folder.parent != folder:
-            self.folders.append(folder)
-            folder = folder.parent
-        self.lock = self.work_dir / LOCK_NAME
-        self.new_lock = enabled and not os.path.lexists(self.lock)
-
-    def started(self) -> None:
-        """The run writes in its work dir from here: nothing is removed any more."""
-        self.folders, self.new_lock = [], False
-
-    def __enter__(self) -> CreatedFolders:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        if kind is None:
-            return
-        from hookrun.engine.workdir_hold import MANIFEST_NAME
-
-        with contextlib.suppress(OSError):
-            if not self.folders:
-                if self.new_lock:
-                    self.lock.unlink()
-                return
-            names = {p.name for p in self.work_dir.iterdir()}
-            if not names <= {self.lock.name, MANIFEST_NAME}:
-                return
-            for name in names:
-                (self.work_dir / name).unlink()
-            for folder in self.folders:
-                folder.rmdir()  # refuses a folder that holds anything else
 
 
 def check_fresh_work_dir(loaded: LoadedConfig) -> None:

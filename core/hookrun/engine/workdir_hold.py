@@ -90,8 +90,9 @@ def hold(
     ``enabled``. Raises :class:`WorkDirBusyError` naming the holder's pid and host (or the
     thread of this process), without changing anything in the work dir, when another run
     holds it. ``notice`` says once when the file system cannot lock (the run then goes on
-    unguarded). A block refused with a user's mistake (:class:`HookrunError`) leaves no
-    trace: the folders this hold created, holding nothing but the lock file, are removed."""
+    unguarded). A block that fails before its run wrote anything in the work dir (a
+    refusal, a task that raised while it was built, Ctrl-C) leaves no trace
+    (:func:`_undo_start`)."""
     if not enabled:
         yield
         return
@@ -105,27 +106,29 @@ def hold(
     key = _acquire(work_dir, hint, notice)
     try:
         yield
-    except HookrunError:
-        if _release(key):
-            if missing:
-                _remove_created(missing)
-            elif fresh:
-                with contextlib.suppress(OSError):
-                    (work_dir / LOCK_NAME).unlink()
-        raise
     except BaseException:
-        _release(key)
+        if _release(key):
+            _undo_start(work_dir, missing, fresh)
         raise
     _release(key)
 
 
-def _remove_created(folders: list[Path]) -> None:
-    """Remove the lock file and ``folders`` (innermost first) when they hold nothing else."""
+def _undo_start(work_dir: Path, created: list[Path], fresh_lock: bool) -> None:
+    """After a failed block, when its run recorded no file in the work dir: remove the
+    ``created`` folders (innermost first) if they hold nothing but the lock file and the
+    record, or in a folder that was there, the lock file the hold added. A folder hookrun
+    held before keeps its lock file; one the run wrote in keeps everything."""
+    if not fresh_lock or recorded(work_dir):
+        return
     with contextlib.suppress(OSError):
-        if [p.name for p in folders[0].iterdir()] == [LOCK_NAME]:
-            (folders[0] / LOCK_NAME).unlink()
-        for created in folders:
-            created.rmdir()  # refuses a folder that holds anything else
+        if not created:
+            (work_dir / LOCK_NAME).unlink()
+            return
+        if {p.name for p in created[0].iterdir()} <= {LOCK_NAME, MANIFEST_NAME}:
+            for name in (LOCK_NAME, MANIFEST_NAME):
+                (created[0] / name).unlink(missing_ok=True)
+            for folder in created:
+                folder.rmdir()  # refuses a folder that holds anything else
 
 
 def _acquire(work_dir: Path, hint: str, notice: Callable[[str], None]) -> str:
