@@ -72,13 +72,19 @@ def path_name(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     bytes, a NUL byte) is one line, exit 2, before anything is read or created."""
     from hookrun.config.arguments import path_problem
 
-    name = _name(param)
-    if isinstance(value, str) and not value.strip():  # '' would be the current folder
-        raise HookrunError(f"{name}: {WANTED.get(name, 'give a path')} (got {value!r})")
+    refuse_empty(param, value, "give a path")  # '' would be the current folder
     problem = None if value is None or value == "auto" else path_problem(str(value))
     if problem:
-        raise HookrunError(f"{name}: {problem} (got {str(value)!r})")
+        raise HookrunError(f"{_name(param)}: {problem} (got {str(value)!r})")
     return value
+
+
+def refuse_empty(param: click.Parameter | None, value: Any, wanted: str) -> None:
+    """An empty (or blank) path is one line naming the parameter and what it takes
+    (:data:`WANTED`, else ``wanted``)."""
+    if isinstance(value, str) and not value.strip():
+        name = _name(param)
+        raise HookrunError(f"{name}: {WANTED.get(name, wanted)} (got {value!r})")
 
 
 class PathType(click.Path):
@@ -86,11 +92,8 @@ class PathType(click.Path):
     make ``''`` the current folder (``--work-dir ''`` would train into it)."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and not value.strip():
-            wanted = "give a path" if self.file_okay and self.dir_okay else "give a file"
-            wanted = wanted if self.file_okay else "give a folder"
-            name = _name(param)
-            raise HookrunError(f"{name}: {WANTED.get(name, wanted)} (got {value!r})")
+        wanted = "give a path" if self.file_okay and self.dir_okay else "give a file"
+        refuse_empty(param, value, wanted if self.file_okay else "give a folder")
         return super().convert(value, param, ctx)
 
 

@@ -178,18 +178,19 @@ def checkpoint_dir_errors(manager: Any, work_dir: str) -> list[str]:
     ``work_dir`` when relative), as the work dir is checked: a file there, or on the way, is
     found before anything trains. The line names the plugin's setting
     (:attr:`hookrun.Plugin.checkpoint_dir_setting`). A URL's storage is not asked here."""
+    from hookrun.engine.workdir import declared_checkpoint_dir
+
     if manager is None:
         return []
-    for plugin in manager.plugins.values():
-        folder = plugin.checkpoint_dir(Path(work_dir))
-        if folder is None:
-            continue
-        if not isinstance(folder, Path):
-            return []
-        setting = plugin.checkpoint_dir_setting
-        where = f"plugins.{plugin.name}" + (f".{setting}" if setting else "")
-        return place_errors(where, folder, folder=True)
-    return []
+    declared = declared_checkpoint_dir(Path(work_dir), manager.plugins.values())
+    if declared is None:
+        return []
+    plugin, folder = declared
+    if not isinstance(folder, Path):  # a URL
+        return []
+    setting = getattr(plugin, "checkpoint_dir_setting", None)
+    where = f"plugins.{getattr(plugin, 'name', '')}" + (f".{setting}" if setting else "")
+    return place_errors(where, folder, folder=True)
 
 
 def place_errors(where: str, path: str | Path, folder: bool) -> list[str]:

@@ -214,10 +214,20 @@ def checkpoint_dirs(work_dir: Path, plugins: Iterable[object]) -> list[Path | UR
     checkpoint_dir`): a path, or a :class:`URL` of an object store. A new run judges both:
     an earlier run may have used the default."""
     folders: list[Path | URL] = [work_dir / CHECKPOINTS]
+    declared = declared_checkpoint_dir(work_dir, plugins)
+    if declared is not None:
+        folders.append(declared[1])
+    return list(dict.fromkeys(folders))
+
+
+def declared_checkpoint_dir(
+    work_dir: Path, plugins: Iterable[object]
+) -> tuple[object, Path | URL] | None:
+    """The first plugin that declares a checkpoint folder (:meth:`hookrun.Plugin.
+    checkpoint_dir`) and that folder, or None when none does."""
     for plugin in plugins:
         declare = getattr(plugin, "checkpoint_dir", None)
         declared = declare(work_dir) if callable(declare) else None
         if declared is not None:
-            folders.append(location(declared))
-            break
-    return list(dict.fromkeys(folders))
+            return plugin, location(declared)
+    return None
