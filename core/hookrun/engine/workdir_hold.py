@@ -250,20 +250,17 @@ def record_created(path: str | Path) -> None:
     """List ``path``, a file hookrun has just created, in the manifest of the work dir this
     process holds it in (nothing when it is in none): the proof :func:`start_over` asks
     before it removes anything."""
-    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
-    real = os.path.join(folder, os.path.basename(path))
-    for entry in list(_held.copy().values()):
-        if os.path.commonpath([entry.work_dir, real]) != entry.work_dir:
-            continue
-        line = json.dumps(os.path.relpath(real, entry.work_dir)) + "\n"
-        manifest = Path(entry.work_dir) / MANIFEST_NAME
-        with _manifest_guard:  # the background checkpoint thread records too
-            fd, _ = open_plain(manifest, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            try:
-                os.write(fd, line.encode())
-            finally:
-                os.close(fd)
+    found = _held_work_dir(path)
+    if found is None:
         return
+    work_dir, real = found
+    line = json.dumps(os.path.relpath(real, work_dir)) + "\n"
+    with _manifest_guard:  # the background checkpoint thread records too
+        fd, _ = open_plain(work_dir / MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
 
 def created_by_hookrun(path: str | Path) -> bool | None:
@@ -273,13 +270,22 @@ def created_by_hookrun(path: str | Path) -> bool | None:
     folder outside the work dir, a process that holds no work dir). A plugin deletes or
     replaces a file in the work dir only when this is ``True``: never your own file because
     its name looks like one of the plugin's."""
+    found = _held_work_dir(path)
+    if found is None:
+        return None
+    work_dir, real = found
+    with _manifest_guard:  # not a line half-written by the background checkpoint thread
+        return real in recorded(work_dir)
+
+
+def _held_work_dir(path: str | Path) -> tuple[Path, Path] | None:
+    """The work dir this process holds that ``path`` lies in, and ``path`` with its folder's
+    links resolved (as the work dir's are); None when it lies in none."""
     folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
-    real = Path(folder, os.path.basename(path))
+    real = os.path.join(folder, os.path.basename(path))
     for entry in list(_held.copy().values()):
-        if os.path.commonpath([entry.work_dir, real]) != entry.work_dir:
-            continue
-        with _manifest_guard:  # not a line half-written by the background checkpoint thread
-            return real in recorded(Path(entry.work_dir))
+        if os.path.commonpath([entry.work_dir, real]) == entry.work_dir:
+            return Path(entry.work_dir), Path(real)
     return None
 
 
